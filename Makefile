@@ -1,0 +1,47 @@
+# hora: two commands set everything up, `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch from the CPU wheel on this disk; a bare requirement would pull CUDA.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+PROTOS := $(wildcard proto/hora/v1/*.proto)
+
+.PHONY: demo test test-fast lint format proto clean install
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[examples]"
+	touch $@
+
+$(TEST_STAMP): $(STAMP)
+	$(PIP) install -q -e ".[test,examples]"
+	touch $@
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/horarun -np 2 $(PY) examples/pytorch_digits.py --epochs 8
+
+test: $(TEST_STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(TEST_STAMP)
+	$(PY) -m ruff check client_sdk services native tests examples bench
+
+format: $(TEST_STAMP)
+	$(PY) -m ruff format client_sdk services native tests examples bench
+
+# Regenerates the gRPC stubs into client_sdk/hora/v1 (package hora.v1).
+proto: $(TEST_STAMP)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=client_sdk \
+	  --grpc_python_out=client_sdk --pyi_out=client_sdk $(PROTOS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,155 @@
+"""Worker settings: the one place a worker's configuration is read.
+
+The launcher turns its flags into ``HORA_*`` environment variables for the
+workers; a worker reads the environment once, in :func:`Settings.from_env`,
+and passes the frozen result down. Horovod's ``HOROVOD_*`` names are
+accepted as aliases so that an unchanged Horovod job configuration keeps
+working; when both are set the ``HORA_*`` name wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["Settings", "SettingsError", "ENV_VARS"]
+
+MiB = 1024 * 1024
+
+
+class SettingsError(ValueError):
+    """An environment variable or flag has a value hora cannot use."""
+
+
+def _seconds(text: str) -> timedelta:
+    return timedelta(seconds=float(text))
+
+
+def _millis(text: str) -> timedelta:
+    return timedelta(milliseconds=float(text))
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean, got {text!r}")
+
+
+@dataclass(frozen=True)
+class _Var:
+    field: str
+    names: tuple[str, ...]
+    parse: Callable[[str], Any]
+    help: str
+
+
+# Field, environment names (first wins), parser, meaning. The launcher uses
+# the first name of each entry when it passes settings to workers.
+ENV_VARS: tuple[_Var, ...] = (
+    _Var("coordinator", ("HORA_COORDINATOR",), str, "coordinator gRPC address HOST:PORT"),
+    _Var("job_id", ("HORA_JOB_ID",), str, "job the worker joins"),
+    _Var("token", ("HORA_TOKEN",), str, "job token sent with every gRPC call"),
+    _Var("size", ("HORA_SIZE", "HOROVOD_SIZE"), int, "world size the launcher started"),
+    _Var("rank", ("HORA_RANK", "HOROVOD_RANK"), int, "rank the launcher assigned"),
+    _Var("hostname", ("HORA_HOSTNAME", "HOROVOD_HOSTNAME"), str, "host name for local ranks"),
+    _Var("data_plane_address", ("HORA_DATA_PLANE_ADDRESS",), str, "address Gloo binds to"),
+    _Var("start_timeout", ("HORA_START_TIMEOUT", "HOROVOD_START_TIMEOUT"), _seconds,
+         "seconds to wait for the world to gather"),
+    _Var("connect_timeout", ("HORA_CONNECT_TIMEOUT",), _seconds,
+         "seconds to wait for the coordinator to answer at init"),
+    _Var("collective_timeout", ("HORA_COLLECTIVE_TIMEOUT", "HOROVOD_GLOO_TIMEOUT_SECONDS"),
+         _seconds, "seconds a data-plane collective may take"),
+    _Var("heartbeat_interval", ("HORA_HEARTBEAT_INTERVAL",), _seconds,
+         "seconds between heartbeats"),
+    _Var("stall_warning_time", ("HORA_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
+         _seconds, "seconds a tensor may wait on some ranks before a warning"),
+    _Var("stall_shutdown_time",
+         ("HORA_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"), _seconds,
+         "seconds a tensor may wait on some ranks before the job fails (0: never)"),
+    _Var("fusion_threshold", ("HORA_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"), int,
+         "largest fusion buffer in bytes (0 disables fusion)"),
+    _Var("cycle_time", ("HORA_CYCLE_TIME", "HOROVOD_CYCLE_TIME"), _millis,
+         "milliseconds the background loop batches ready tensors"),
+    _Var("log_level", ("HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL"), str, "logging level"),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a worker needs to know, with defaults in one place."""
+
+    coordinator: str = ""
+    job_id: str = "default"
+    token: str = ""
+    size: int = 1
+    rank: int = -1
+    hostname: str = dataclasses.field(default_factory=socket.gethostname)
+    data_plane_address: str = "127.0.0.1"
+    start_timeout: timedelta = timedelta(seconds=60)
+    connect_timeout: timedelta = timedelta(seconds=15)
+    collective_timeout: timedelta = timedelta(seconds=300)
+    heartbeat_interval: timedelta = timedelta(seconds=1)
+    stall_warning_time: timedelta = timedelta(seconds=60)
+    stall_shutdown_time: timedelta = timedelta(seconds=0)
+    fusion_threshold: int = 128 * MiB
+    cycle_time: timedelta = timedelta(milliseconds=1)
+    log_level: str = "WARNING"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Reads settings from ``environ`` (default ``os.environ``).
+
+        Raises:
+            SettingsError: a variable is set to a value that does not parse,
+                naming the variable and the value.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for var in ENV_VARS:
+            for name in var.names:
+                raw = env.get(name)
+                if raw is None or raw == "":
+                    continue
+                try:
+                    values[var.field] = var.parse(raw)
+                except ValueError as exc:
+                    raise SettingsError(f"{name}={raw!r}: {var.help}: {exc}") from exc
+                break
+        values.update(overrides)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Raises SettingsError when a value is out of its range."""
+        if self.size < 1:
+            raise SettingsError(f"size must be at least 1, got {self.size}")
+        if self.rank >= self.size:
+            raise SettingsError(f"rank {self.rank} is outside a world of size {self.size}")
+        if self.fusion_threshold < 0:
+            raise SettingsError(f"fusion threshold must be >= 0, got {self.fusion_threshold}")
+        for name in ("start_timeout", "connect_timeout", "collective_timeout",
+                     "heartbeat_interval"):
+            if getattr(self, name) <= timedelta(0):
+                raise SettingsError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def to_env(self) -> dict[str, str]:
+        """The ``HORA_*`` variables that reproduce these settings in a worker."""
+        out: dict[str, str] = {}
+        for var in ENV_VARS:
+            value = getattr(self, var.field)
+            if isinstance(value, timedelta):
+                seconds = value.total_seconds()
+                text = str(seconds * 1000.0) if var.parse is _millis else str(seconds)
+            else:
+                text = str(value)
+            out[var.names[0]] = text
+        return out

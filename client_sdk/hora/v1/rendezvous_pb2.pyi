@@ -1,0 +1,148 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MemberState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMBER_STATE_UNSPECIFIED: _ClassVar[MemberState]
+    MEMBER_STATE_JOINING: _ClassVar[MemberState]
+    MEMBER_STATE_ACTIVE: _ClassVar[MemberState]
+    MEMBER_STATE_LEFT: _ClassVar[MemberState]
+    MEMBER_STATE_LOST: _ClassVar[MemberState]
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_GATHERING: _ClassVar[JobState]
+    JOB_STATE_RUNNING: _ClassVar[JobState]
+    JOB_STATE_FINISHED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+MEMBER_STATE_UNSPECIFIED: MemberState
+MEMBER_STATE_JOINING: MemberState
+MEMBER_STATE_ACTIVE: MemberState
+MEMBER_STATE_LEFT: MemberState
+MEMBER_STATE_LOST: MemberState
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_GATHERING: JobState
+JOB_STATE_RUNNING: JobState
+JOB_STATE_FINISHED: JobState
+JOB_STATE_FAILED: JobState
+
+class JoinRequest(_message.Message):
+    __slots__ = ("job_id", "worker_id", "host", "pid", "expected_size", "rank_hint", "data_plane_address")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_HINT_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    worker_id: str
+    host: str
+    pid: int
+    expected_size: int
+    rank_hint: int
+    data_plane_address: str
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., expected_size: _Optional[int] = ..., rank_hint: _Optional[int] = ..., data_plane_address: _Optional[str] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("rank", "worker_id", "host", "pid", "state", "data_plane_address", "local_rank", "last_heartbeat_unix_ms")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    worker_id: str
+    host: str
+    pid: int
+    state: MemberState
+    data_plane_address: str
+    local_rank: int
+    last_heartbeat_unix_ms: int
+    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., data_plane_address: _Optional[str] = ..., local_rank: _Optional[int] = ..., last_heartbeat_unix_ms: _Optional[int] = ...) -> None: ...
+
+class WorldView(_message.Message):
+    __slots__ = ("job_id", "generation", "size", "rank", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous", "members", "store_prefix")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CROSS_RANK_FIELD_NUMBER: _ClassVar[int]
+    CROSS_SIZE_FIELD_NUMBER: _ClassVar[int]
+    IS_HOMOGENEOUS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    STORE_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    generation: int
+    size: int
+    rank: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    is_homogeneous: bool
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    store_prefix: str
+    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., size: _Optional[int] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ..., cross_rank: _Optional[int] = ..., cross_size: _Optional[int] = ..., is_homogeneous: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., store_prefix: _Optional[str] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("world",)
+    WORLD_FIELD_NUMBER: _ClassVar[int]
+    world: WorldView
+    def __init__(self, world: _Optional[_Union[WorldView, _Mapping]] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("job_id", "worker_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    worker_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("job_id", "worker_id", "generation")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    worker_id: str
+    generation: int
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("generation", "job_state", "lease_ms", "failure")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    job_state: JobState
+    lease_ms: int
+    failure: str
+    def __init__(self, generation: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., lease_ms: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
+
+class GetWorldRequest(_message.Message):
+    __slots__ = ("job_id", "worker_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    worker_id: str
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
