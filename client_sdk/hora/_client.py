@@ -1,0 +1,282 @@
+"""The worker's side of the gRPC contract: join, leave, heartbeat, store, stream.
+
+This is the one boundary where gRPC errors become hora errors: every call
+goes through :meth:`CoordinatorClient._call`, which maps status codes to the
+error tree in :mod:`hora.errors`, and every call has a deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import grpc
+
+from .errors import (
+    AuthenticationError,
+    CoordinatorError,
+    CoordinatorUnavailableError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
+from .settings import Settings
+from .v1 import (
+    negotiation_pb2,
+    negotiation_pb2_grpc,
+    rendezvous_pb2,
+    rendezvous_pb2_grpc,
+    store_pb2,
+    store_pb2_grpc,
+)
+
+__all__ = ["CoordinatorClient", "NegotiationStream", "StoreKeyError"]
+
+log = logging.getLogger("hora.client")
+
+TOKEN_METADATA_KEY = "hora-token"
+
+
+class StoreKeyError(KeyError):
+    """A store key did not appear before its deadline."""
+
+
+def _seconds(value: timedelta) -> float:
+    return max(value.total_seconds(), 0.001)
+
+
+class CoordinatorClient:
+    """One channel to the coordinator, shared by every call of this worker.
+
+    Args:
+        settings: where the coordinator is, which job, which token, deadlines.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.coordinator:
+            raise CoordinatorError(
+                "no coordinator address: start the script with horarun, or set "
+                "HORA_COORDINATOR=HOST:PORT (and HORA_JOB_ID, HORA_TOKEN)")
+        self.settings = settings
+        self.job_id = settings.job_id
+        self.worker_id = uuid.uuid4().hex
+        self._metadata = ((TOKEN_METADATA_KEY, settings.token),)
+        self._channel = grpc.insecure_channel(
+            settings.coordinator,
+            options=[
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ],
+        )
+        self._rendezvous = rendezvous_pb2_grpc.RendezvousStub(self._channel)
+        self._store = store_pb2_grpc.StoreStub(self._channel)
+        self._negotiation = negotiation_pb2_grpc.NegotiationStub(self._channel)
+
+    # -- errors ------------------------------------------------------------
+
+    def _error(self, exc: grpc.RpcError, what: str) -> Exception:
+        code = exc.code() if hasattr(exc, "code") else None
+        detail = exc.details() if hasattr(exc, "details") else str(exc)
+        where = f"coordinator {self.settings.coordinator}"
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return AuthenticationError(f"{where} refused the job token during {what}: {detail}")
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return CoordinatorUnavailableError(f"{where} is unreachable during {what}: {detail}")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return CoordinatorUnavailableError(f"{where} did not answer {what} in time: {detail}")
+        return CoordinatorError(f"{where}: {what} failed ({code}): {detail}")
+
+    def _call(self, what: str, method: Callable[..., Any], request: Any,
+              timeout: timedelta) -> Any:
+        try:
+            return method(request, timeout=_seconds(timeout), metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise self._error(exc, what) from exc
+
+    # -- rendezvous --------------------------------------------------------
+
+    def wait_reachable(self) -> None:
+        """Waits until the channel connects, at most the connect timeout.
+
+        Raises:
+            CoordinatorUnavailableError: nothing answered at the address.
+        """
+        timeout = self.settings.connect_timeout
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=_seconds(timeout))
+        except grpc.FutureTimeoutError:
+            raise CoordinatorUnavailableError(
+                f"coordinator {self.settings.coordinator} could not be reached within "
+                f"{timeout.total_seconds():g} s (HORA_CONNECT_TIMEOUT); is it running, and is "
+                f"the address right?") from None
+
+    def join(self) -> rendezvous_pb2.WorldView:
+        """Joins the job and returns this worker's world view.
+
+        Raises:
+            RendezvousTimeoutError: the world did not gather within the start timeout.
+            RendezvousError: the coordinator refused the join.
+        """
+        s = self.settings
+        request = rendezvous_pb2.JoinRequest(
+            job_id=s.job_id, worker_id=self.worker_id, host=s.hostname, pid=os.getpid(),
+            expected_size=s.size, rank_hint=s.rank, data_plane_address=s.data_plane_address,
+            fusion_threshold_bytes=s.fusion_threshold,
+            stall_warning_ms=int(s.stall_warning_time.total_seconds() * 1000),
+            stall_shutdown_ms=int(s.stall_shutdown_time.total_seconds() * 1000),
+        )
+        try:
+            response = self._rendezvous.Join(
+                request, timeout=_seconds(s.start_timeout), metadata=self._metadata)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise RendezvousTimeoutError(
+                    f"job {s.job_id!r}: the world of {s.size} workers did not gather within "
+                    f"{s.start_timeout.total_seconds():g} s (HORA_START_TIMEOUT)") from exc
+            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                raise RendezvousError(f"job {s.job_id!r}: join refused: {exc.details()}") from exc
+            raise self._error(exc, "join") from exc
+        return response.world
+
+    def leave(self, reason: str = "shutdown") -> None:
+        """Tells the coordinator this worker leaves on purpose (best effort)."""
+        request = rendezvous_pb2.LeaveRequest(
+            job_id=self.job_id, worker_id=self.worker_id, reason=reason)
+        try:
+            self._call("leave", self._rendezvous.Leave, request, timedelta(seconds=5))
+        except CoordinatorError as exc:
+            log.debug("leave failed: %s", exc)
+
+    def heartbeat(self, generation: int) -> rendezvous_pb2.HeartbeatResponse:
+        request = rendezvous_pb2.HeartbeatRequest(
+            job_id=self.job_id, worker_id=self.worker_id, generation=generation)
+        return self._call("heartbeat", self._rendezvous.Heartbeat, request,
+                          max(self.settings.heartbeat_interval * 5, timedelta(seconds=2)))
+
+    # -- store -------------------------------------------------------------
+
+    def _store_call(self, what: str, method: Callable[..., Any], request: Any,
+                    timeout: timedelta, keys: list[str]) -> Any:
+        try:
+            return method(request, timeout=_seconds(timeout) + 5.0, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND):
+                raise StoreKeyError(
+                    f"store {what}: key(s) {keys} not set within "
+                    f"{timeout.total_seconds():g} s: {exc.details()}") from exc
+            raise self._error(exc, f"store {what}") from exc
+
+    def store_set(self, key: str, value: bytes) -> None:
+        self._call("store set", self._store.Set,
+                   store_pb2.StoreSetRequest(job_id=self.job_id, key=key, value=value),
+                   self.settings.connect_timeout)
+
+    def store_get(self, key: str, timeout: timedelta) -> bytes:
+        request = store_pb2.StoreGetRequest(
+            job_id=self.job_id, key=key, timeout_ms=int(timeout.total_seconds() * 1000))
+        return self._store_call("get", self._store.Get, request, timeout, [key]).value
+
+    def store_add(self, key: str, amount: int) -> int:
+        request = store_pb2.StoreAddRequest(job_id=self.job_id, key=key, amount=amount)
+        return self._call("store add", self._store.Add, request,
+                          self.settings.connect_timeout).value
+
+    def store_wait(self, keys: list[str], timeout: timedelta) -> None:
+        request = store_pb2.StoreWaitRequest(
+            job_id=self.job_id, keys=keys, timeout_ms=int(timeout.total_seconds() * 1000))
+        self._store_call("wait", self._store.Wait, request, timeout, keys)
+
+    def store_compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        request = store_pb2.StoreCompareSetRequest(
+            job_id=self.job_id, key=key, expected=expected, desired=desired)
+        return self._call("store compare_set", self._store.CompareSet, request,
+                          self.settings.connect_timeout).value
+
+    def store_delete(self, key: str) -> bool:
+        request = store_pb2.StoreDeleteRequest(job_id=self.job_id, key=key)
+        return self._call("store delete", self._store.Delete, request,
+                          self.settings.connect_timeout).existed
+
+    # -- negotiation ---------------------------------------------------------
+
+    def open_stream(self, generation: int) -> NegotiationStream:
+        return NegotiationStream(self, generation)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+_CLOSE = object()
+
+
+class NegotiationStream:
+    """The bidirectional negotiation stream of one worker and generation.
+
+    Requests are queued by any thread and sent by gRPC's own sender thread;
+    all requests queued while a send was under way go out as one message,
+    which is how a burst of ready gradients becomes one negotiation message.
+    """
+
+    def __init__(self, client: CoordinatorClient, generation: int) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = threading.Event()
+        open_msg = negotiation_pb2.WorkerMessage(open=negotiation_pb2.StreamOpen(
+            job_id=client.job_id, worker_id=client.worker_id, generation=generation))
+        self._queue.put(open_msg)
+        self._client = client
+        self._responses = client._negotiation.Negotiate(
+            self._requests(), metadata=client._metadata)
+
+    def _requests(self) -> Iterator[negotiation_pb2.WorkerMessage]:
+        while True:
+            item = self._queue.get()
+            if item is _CLOSE:
+                return
+            if isinstance(item, negotiation_pb2.WorkerMessage):
+                yield item
+                continue
+            batch = [item]
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _CLOSE:
+                    yield self._wrap(batch)
+                    return
+                batch.append(more)
+            yield self._wrap(batch)
+
+    @staticmethod
+    def _wrap(batch: list[negotiation_pb2.TensorRequest]) -> negotiation_pb2.WorkerMessage:
+        return negotiation_pb2.WorkerMessage(requests=negotiation_pb2.RequestList(requests=batch))
+
+    def send(self, request: negotiation_pb2.TensorRequest) -> None:
+        """Queues one tensor request for the coordinator."""
+        self._queue.put(request)
+
+    def __iter__(self) -> Iterator[negotiation_pb2.CoordinatorMessage]:
+        """Yields coordinator messages until the stream ends.
+
+        Raises:
+            CoordinatorError: the stream broke (the coordinator died or refused us).
+        """
+        try:
+            yield from self._responses
+        except grpc.RpcError as exc:
+            if self._closed.is_set() and exc.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise self._client._error(exc, "negotiation stream") from exc
+
+    def close(self) -> None:
+        self._closed.set()
+        self._queue.put(_CLOSE)
+        self._responses.cancel()

@@ -1,0 +1,125 @@
+"""Process-wide state behind ``hvd.init()``: the settings, the client, the engine.
+
+Horovod's API is a set of module functions over one world per process, so
+one :class:`Runtime` lives here; everything below it (client, engine,
+backends) takes its dependencies as arguments.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import threading
+from typing import Any
+
+from ._client import CoordinatorClient
+from ._engine import Engine
+from .errors import HoraError
+from .settings import Settings
+from .v1 import rendezvous_pb2
+
+__all__ = ["Runtime", "current", "init", "is_initialized", "shutdown"]
+
+log = logging.getLogger("hora")
+
+
+class NotInitializedError(HoraError, ValueError):
+    """A hora call was made before ``hvd.init()`` (or after ``hvd.shutdown()``)."""
+
+
+class Runtime:
+    """One joined world: its view, its engine, and the things it started."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._embedded: Any = None
+        if not settings.coordinator:
+            settings = self._start_local_coordinator(settings)
+        self.settings = settings
+        self.client = CoordinatorClient(settings)
+        try:
+            self.client.wait_reachable()
+            self.world: rendezvous_pb2.WorldView = self.client.join()
+            self.engine = Engine(settings, self.client, self.world)
+        except BaseException:
+            self.client.close()
+            self._stop_local_coordinator()
+            raise
+        self._names = itertools.count()
+
+    def _start_local_coordinator(self, settings: Settings) -> Settings:
+        """A script started without horarun runs as a world of one, like Horovod's."""
+        if settings.size != 1:
+            raise HoraError(
+                f"HORA_SIZE={settings.size} but no coordinator address: start the workers "
+                f"with horarun, or set HORA_COORDINATOR=HOST:PORT")
+        import secrets
+
+        from hora_coordinator.server import EmbeddedCoordinator
+        from hora_coordinator.settings import CoordinatorSettings
+
+        token = secrets.token_hex(16)
+        self._embedded = EmbeddedCoordinator(CoordinatorSettings(
+            host="127.0.0.1", grpc_port=0, http_port=0, token=token))
+        self._embedded.start()
+        return Settings(**{**settings.__dict__, "coordinator": self._embedded.grpc_address,
+                           "token": token, "rank": 0})
+
+    def _stop_local_coordinator(self) -> None:
+        if self._embedded is not None:
+            self._embedded.stop()
+            self._embedded = None
+
+    def auto_name(self, op: str) -> str:
+        """Names an unnamed tensor the same way on every rank (call order is the same)."""
+        return f"{op}.noname.{next(self._names)}"
+
+    def close(self) -> None:
+        try:
+            self.engine.shutdown()
+        finally:
+            self.client.close()
+            self._stop_local_coordinator()
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+
+
+def init(settings: Settings | None = None) -> Runtime:
+    """Joins the job once per process; later calls return the same runtime."""
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            settings = settings or Settings.from_env()
+            logging.getLogger("hora").setLevel(settings.log_level.upper())
+            _runtime = Runtime(settings)
+        return _runtime
+
+
+def current() -> Runtime:
+    """The runtime of this process.
+
+    Raises:
+        NotInitializedError: ``init()`` has not been called.
+    """
+    runtime = _runtime
+    if runtime is None:
+        raise NotInitializedError("hora has not been initialized; call hvd.init() first")
+    return runtime
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+def shutdown() -> None:
+    """Leaves the job and releases everything ``init()`` built. Idempotent."""
+    global _runtime
+    with _lock:
+        runtime, _runtime = _runtime, None
+    if runtime is not None:
+        runtime.close()
+
+
+atexit.register(shutdown)

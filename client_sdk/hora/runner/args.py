@@ -1,0 +1,272 @@
+"""Command line of ``horarun``: flags in, a frozen :class:`LaunchConfig` out.
+
+Flags follow horovodrun's spelling so that a Horovod user's command line
+works unchanged. Option parsing stops at the first positional argument:
+that and everything after it is the worker command, its own ``--flags``
+included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from hora.settings import MiB, Settings, SettingsError
+
+__all__ = ["LaunchConfig", "build_parser", "parse_args", "parse_address"]
+
+# Python's names and Horovod's (TRACE, FATAL); workers map them onto logging.
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What one ``horarun`` invocation was asked to do.
+
+    Attributes:
+        num_proc: world size.
+        hosts_arg: the ``-H`` value, or None.
+        hostfile: the ``--hostfile`` path, or None.
+        coordinator: ``HOST:PORT`` of a running coordinator, or None to embed one.
+        coordinator_http_port: HTTP port of the embedded coordinator (0: ephemeral).
+        job_id: job the workers join.
+        token: job token.
+        worker_settings: :class:`hora.settings.Settings` fields given by flags,
+            by field name; only these are passed on besides the per-rank ones.
+        horovod_env: Horovod variables for flags that hora's settings do not
+            model yet (timeline, autotune, disabling the stall check).
+        verbose: print the placement before starting.
+        output_dir: also write each rank's output below this directory.
+        prefix: prefix every output line with the rank.
+        command: the worker command and its arguments.
+    """
+
+    num_proc: int
+    command: tuple[str, ...]
+    hosts_arg: str | None = None
+    hostfile: str | None = None
+    coordinator: str | None = None
+    coordinator_http_port: int = 0
+    job_id: str = ""
+    token: str = ""
+    worker_settings: Mapping[str, Any] = field(default_factory=dict)
+    horovod_env: Mapping[str, str] = field(default_factory=dict)
+    verbose: bool = False
+    output_dir: str | None = None
+    prefix: bool = True
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """Splits ``HOST:PORT`` (``[v6]:PORT`` for IPv6 literals).
+
+    Raises:
+        ValueError: the text is not ``HOST:PORT`` with a port in 1..65535.
+    """
+    host, sep, port_text = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    return host, port
+
+
+def _address(text: str) -> str:
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return level
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``horarun`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="horarun",
+        usage="horarun -np N [options] COMMAND [ARGS...]",
+        description="Run a hora (Horovod API) training command on N worker processes.",
+        epilog="Example: horarun -np 2 python train.py --epochs 3",
+        allow_abbrev=False,
+    )
+    parser.add_argument("-np", "--num-proc", dest="num_proc", type=_positive_int,
+                        required=True, metavar="N", help="number of worker processes")
+
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
+                       help="hosts and their slots, e.g. 'h1:2,h2:2' (default: localhost:N)")
+    hosts.add_argument("--hostfile", metavar="FILE",
+                       help="file with one 'HOST slots=N' or 'HOST:N' per line")
+
+    coord = parser.add_argument_group("coordinator")
+    coord.add_argument("--coordinator", type=_address, metavar="HOST:PORT",
+                       help="use this running coordinator instead of embedding one")
+    coord.add_argument("--coordinator-http-port", type=_port, default=0, metavar="PORT",
+                       help="HTTP port of the embedded coordinator (default: ephemeral)")
+    coord.add_argument("--job-id", metavar="ID", help="job id (default: a fresh unique id)")
+    coord.add_argument("--token", metavar="TOKEN",
+                       help="job token (default: $HORA_TOKEN, else random)")
+
+    tuning = parser.add_argument_group("worker settings")
+    tuning.add_argument("--fusion-threshold-mb", type=_non_negative_float, metavar="MB",
+                        help="largest fusion buffer in MiB (0 disables fusion)")
+    tuning.add_argument("--cycle-time-ms", type=_positive_float, metavar="MS",
+                        help="milliseconds the background loop batches ready tensors")
+    tuning.add_argument("--start-timeout", type=_positive_float, metavar="SECONDS",
+                        help="seconds to wait for all workers to join")
+    tuning.add_argument("--no-stall-check", action="store_true",
+                        help="disable the stall check")
+    tuning.add_argument("--stall-check-time", "--stall-check-warning-time-seconds",
+                        dest="stall_check_time", type=_non_negative_float, metavar="SECONDS",
+                        help="seconds a tensor may wait on some ranks before a warning")
+    tuning.add_argument("--stall-shutdown-time", "--stall-check-shutdown-time-seconds",
+                        dest="stall_shutdown_time", type=_non_negative_float, metavar="SECONDS",
+                        help="seconds a tensor may wait before the job fails (0: never)")
+    tuning.add_argument("--timeline-filename", metavar="FILE",
+                        help="write a timeline (Chrome trace) to FILE")
+    tuning.add_argument("--autotune", action="store_true",
+                        help="let workers tune fusion threshold and cycle time")
+    tuning.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+                        help=f"workers' log level ({', '.join(LOG_LEVELS)})")
+
+    out = parser.add_argument_group("launcher")
+    out.add_argument("--verbose", action="store_true",
+                     help="print the placement of ranks on hosts before starting")
+    out.add_argument("--output-filename", metavar="DIR",
+                     help="also write each rank's output to DIR/rank.N/stdout and stderr")
+    out.add_argument("--disable-prefix", action="store_true",
+                     help="do not prefix output lines with [RANK]<stream>:")
+    out.add_argument("--gloo", action="store_true",
+                     help="accepted for horovodrun compatibility (hora always uses Gloo)")
+
+    # REMAINDER makes argparse hand over everything from the first positional
+    # on, so the command's own flags are never taken for ours.
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS...]",
+                        help="the command each worker runs")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None,
+               environ: Mapping[str, str] | None = None) -> LaunchConfig:
+    """Parses ``horarun``'s command line.
+
+    Args:
+        argv: arguments without the program name (default ``sys.argv[1:]``).
+        environ: environment for defaults such as ``HORA_TOKEN`` (default
+            ``os.environ``).
+
+    Returns:
+        The launch configuration.
+
+    Raises:
+        SystemExit: with code 2 and a usage message on stderr when the
+            command line is invalid (argparse's convention).
+    """
+    env = os.environ if environ is None else environ
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+
+    command = list(ns.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("no command given (e.g. horarun -np 2 python train.py)")
+
+    settings: dict[str, Any] = {}
+    if ns.fusion_threshold_mb is not None:
+        settings["fusion_threshold"] = int(ns.fusion_threshold_mb * MiB)
+    if ns.cycle_time_ms is not None:
+        settings["cycle_time"] = timedelta(milliseconds=ns.cycle_time_ms)
+    if ns.start_timeout is not None:
+        settings["start_timeout"] = timedelta(seconds=ns.start_timeout)
+    if ns.stall_check_time is not None:
+        settings["stall_warning_time"] = timedelta(seconds=ns.stall_check_time)
+    if ns.stall_shutdown_time is not None:
+        settings["stall_shutdown_time"] = timedelta(seconds=ns.stall_shutdown_time)
+    if ns.log_level is not None:
+        settings["log_level"] = ns.log_level
+    try:
+        # The same validation a worker will apply, so a bad flag fails here
+        # once rather than in N workers.
+        Settings(size=ns.num_proc, rank=0, **settings).validate()
+    except SettingsError as exc:
+        parser.error(str(exc))
+
+    # Horovod's own variable names for what hora's Settings does not model yet.
+    horovod_env: dict[str, str] = {}
+    if ns.timeline_filename:
+        horovod_env["HOROVOD_TIMELINE"] = ns.timeline_filename
+    if ns.autotune:
+        horovod_env["HOROVOD_AUTOTUNE"] = "1"
+    if ns.no_stall_check:
+        horovod_env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+
+    token = ns.token or env.get("HORA_TOKEN") or secrets.token_hex(16)
+    job_id = ns.job_id or f"job-{uuid.uuid4().hex[:12]}"
+    return LaunchConfig(
+        num_proc=ns.num_proc,
+        command=tuple(command),
+        hosts_arg=ns.hosts,
+        hostfile=ns.hostfile,
+        coordinator=ns.coordinator,
+        coordinator_http_port=ns.coordinator_http_port,
+        job_id=job_id,
+        token=token,
+        worker_settings=settings,
+        horovod_env=horovod_env,
+        verbose=ns.verbose,
+        output_dir=ns.output_filename,
+        prefix=not ns.disable_prefix,
+    )

@@ -1,0 +1,346 @@
+"""Worker processes: start them, forward their output, supervise them.
+
+Each worker runs in its own session (and so its own process group): a
+Ctrl-C in the terminal then reaches only ``horarun``, which forwards it
+exactly once to every worker's group, grandchildren included.
+
+Supervision polls every :data:`POLL_INTERVAL` seconds so that a death is
+noticed within about 100 ms. The first worker to fail decides the exit
+code; the others are sent SIGTERM, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+__all__ = [
+    "GRACE_PERIOD",
+    "POLL_INTERVAL",
+    "Supervisor",
+    "WorkerSpec",
+    "exit_code_of",
+    "describe_exit",
+]
+
+POLL_INTERVAL = 0.05
+GRACE_PERIOD = 5.0
+# How long to wait for processes to be reaped after SIGKILL, and for the
+# output readers to drain after the workers are gone. An orphaned grandchild
+# that keeps a pipe open must not keep horarun alive.
+REAP_TIMEOUT = 5.0
+DRAIN_TIMEOUT = 5.0
+# Longest chunk forwarded as one line; bounds memory for output without
+# newlines (progress bars).
+MAX_LINE = 1 << 16
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker to start: its rank, host, command and environment."""
+
+    rank: int
+    hostname: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+
+
+def exit_code_of(returncode: int) -> int:
+    """Maps a Popen return code to a shell exit code (signal N -> 128+N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_exit(returncode: int) -> str:
+    """Says how a process ended, e.g. ``exited with code 3``."""
+    if returncode < 0:
+        return f"was killed by {_signal_name(-returncode)}"
+    return f"exited with code {returncode}"
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+class _Sink:
+    """A text stream shared by many reader threads; writes whole lines only."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            if self._broken:
+                return
+            try:
+                buffer = getattr(self._stream, "buffer", None)
+                if buffer is not None:
+                    encoding = getattr(self._stream, "encoding", None) or "utf-8"
+                    buffer.write(text.encode(encoding, errors="replace"))
+                    buffer.flush()
+                else:
+                    self._stream.write(text)
+                    self._stream.flush()
+            except (OSError, ValueError):
+                # A closed terminal or a reader that went away (`| head`):
+                # keep draining the workers' pipes so they never block.
+                self._broken = True
+
+
+class _Reader(threading.Thread):
+    """Forwards one pipe of one worker, line by line, with the rank prefix."""
+
+    def __init__(self, rank: int, stream_name: str, pipe: BinaryIO, sink: _Sink,
+                 prefix: bool, copy_to: Path | None) -> None:
+        super().__init__(name=f"horarun-{stream_name}-{rank}", daemon=True)
+        self._pipe = pipe
+        self._sink = sink
+        self._prefix = f"[{rank}]<{stream_name}>:" if prefix else ""
+        self._copy_to = copy_to
+
+    def run(self) -> None:
+        copy = self._copy_to.open("w", encoding="utf-8") if self._copy_to else None
+        try:
+            while True:
+                raw = self._pipe.readline(MAX_LINE)
+                if not raw:
+                    break
+                text = raw.decode("utf-8", errors="replace")
+                if not text.endswith("\n"):
+                    # A partial last line, or a chunk of an overlong one.
+                    text += "\n"
+                self._sink.write(self._prefix + text)
+                if copy is not None:
+                    copy.write(text)
+                    copy.flush()
+        finally:
+            if copy is not None:
+                copy.close()
+            self._pipe.close()
+
+
+@dataclass
+class _Worker:
+    spec: WorkerSpec
+    proc: subprocess.Popen[bytes]
+    returncode: int | None = None
+
+
+class Supervisor:
+    """Starts the workers and waits for them, stopping all when one fails.
+
+    Args:
+        specs: the workers to start, in rank order.
+        prefix: prefix output lines with ``[RANK]<stdout>:`` / ``[RANK]<stderr>:``.
+        output_dir: also write each rank's output to ``DIR/rank.N/stdout|stderr``.
+        grace_period: seconds between SIGTERM (or a forwarded signal) and SIGKILL.
+        stdout: where prefixed worker stdout goes (default ``sys.stdout``).
+        stderr: where prefixed worker stderr and launcher messages go
+            (default ``sys.stderr``).
+    """
+
+    def __init__(self, specs: Sequence[WorkerSpec], *, prefix: bool = True,
+                 output_dir: str | None = None, grace_period: float = GRACE_PERIOD,
+                 stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+        self._specs = list(specs)
+        self._prefix = prefix
+        self._output_dir = Path(output_dir) if output_dir else None
+        self._grace = grace_period
+        self._out = _Sink(stdout or sys.stdout)
+        self._err = _Sink(stderr or sys.stderr)
+        self._workers: list[_Worker] = []
+        self._readers: list[_Reader] = []
+        self._signals: list[int] = []
+        self._exit_code: int | None = None
+        self._kill_at: float | None = None
+
+    # -- messages ----------------------------------------------------------
+
+    def _say(self, message: str) -> None:
+        self._err.write(f"horarun: {message}\n")
+
+    # -- signals -----------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Only record: the supervision loop acts on it within POLL_INTERVAL,
+        # so no work happens inside the handler.
+        self._signals.append(signum)
+
+    def _install_handlers(self) -> dict[int, object]:
+        previous: dict[int, object] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
+
+    @staticmethod
+    def _restore_handlers(previous: dict[int, object]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    # -- processes -----------------------------------------------------------
+
+    def _running(self) -> list[_Worker]:
+        return [w for w in self._workers if w.returncode is None]
+
+    def _signal_group(self, worker: _Worker, signum: int) -> None:
+        try:
+            # start_new_session made the worker its group's leader, so its
+            # pid is the group id; the group outlives the leader while any
+            # grandchild remains, which is what we want to reach.
+            os.killpg(worker.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _stop(self, signum: int) -> None:
+        """Sends ``signum`` to every running worker and arms the SIGKILL deadline."""
+        for worker in self._running():
+            self._signal_group(worker, signum)
+        if self._kill_at is None:
+            self._kill_at = time.monotonic() + self._grace
+
+    def _kill_remaining(self) -> None:
+        running = self._running()
+        if running:
+            ranks = ", ".join(f"{w.spec.rank} (pid {w.proc.pid})" for w in running)
+            self._say(f"{_plural(len(running), 'worker')} still running after "
+                      f"{self._grace:g} s; killing rank {ranks}")
+        for worker in running:
+            self._signal_group(worker, signal.SIGKILL)
+
+    def _start(self, spec: WorkerSpec) -> bool:
+        copies: dict[str, Path | None] = {"stdout": None, "stderr": None}
+        try:
+            if self._output_dir is not None:
+                rank_dir = self._output_dir / f"rank.{spec.rank}"
+                rank_dir.mkdir(parents=True, exist_ok=True)
+                copies = {name: rank_dir / name for name in copies}
+            proc = subprocess.Popen(
+                list(spec.argv),
+                env=dict(spec.env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            self._fail(code, f"cannot start rank {spec.rank} on {spec.hostname}: {exc}")
+            return False
+        self._workers.append(_Worker(spec, proc))
+        assert proc.stdout is not None and proc.stderr is not None  # PIPE above
+        for name, pipe, sink in (("stdout", proc.stdout, self._out),
+                                 ("stderr", proc.stderr, self._err)):
+            reader = _Reader(spec.rank, name, pipe, sink, self._prefix, copies[name])
+            reader.start()
+            self._readers.append(reader)
+        return True
+
+    def _fail(self, code: int, what: str) -> None:
+        """Records the first failure, says so, and stops everyone else."""
+        if self._exit_code is not None or self._kill_at is not None:
+            # Already stopping: deaths from here on are our doing, or too late
+            # to change the outcome.
+            return
+        self._exit_code = code
+        others = self._running()
+        if others:
+            self._say(f"{what}; stopping the other {_plural(len(others), 'worker')}")
+        else:
+            self._say(what)
+        self._stop(signal.SIGTERM)
+
+    def _handle_signals(self) -> None:
+        if not self._signals:
+            return
+        signals, self._signals = self._signals, []
+        for signum in signals:
+            if self._kill_at is None:
+                if self._exit_code is None:
+                    self._exit_code = 128 + signum
+                running = self._running()
+                self._say(f"received {_signal_name(signum)}; forwarding it to "
+                          f"{_plural(len(running), 'worker')}")
+                self._stop(signum)
+            else:
+                # A second Ctrl-C means "now": skip the rest of the grace period.
+                self._kill_at = time.monotonic()
+
+    def _poll(self) -> None:
+        for worker in self._running():
+            returncode = worker.proc.poll()
+            if returncode is None:
+                continue
+            worker.returncode = returncode
+            if returncode != 0:
+                self._fail(
+                    exit_code_of(returncode),
+                    f"rank {worker.spec.rank} (pid {worker.proc.pid}, host "
+                    f"{worker.spec.hostname}) {describe_exit(returncode)}",
+                )
+
+    def _reap(self) -> None:
+        """Waits (bounded) for killed workers so none is left a zombie."""
+        deadline = time.monotonic() + REAP_TIMEOUT
+        for worker in self._running():
+            try:
+                worker.returncode = worker.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._say(f"rank {worker.spec.rank} (pid {worker.proc.pid}) did not exit "
+                          f"after SIGKILL; giving up on it")
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        # Whatever a surviving grandchild still holds open is not ours to wait
+        # for; the readers are daemon threads and die with us.
+
+    def run(self) -> int:
+        """Starts all workers and supervises them until they are gone.
+
+        Returns:
+            0 when every worker exited 0; else the first failure's exit code
+            (128+N for a death by signal N, 127 when the command was not
+            found), or 128+N when horarun itself got signal N.
+        """
+        previous = self._install_handlers()
+        try:
+            for spec in self._specs:
+                self._handle_signals()
+                if self._kill_at is not None or not self._start(spec):
+                    break
+            while self._running():
+                self._handle_signals()
+                self._poll()
+                if self._kill_at is not None and time.monotonic() >= self._kill_at:
+                    self._kill_remaining()
+                    self._reap()
+                    break
+                time.sleep(POLL_INTERVAL)
+            self._drain()
+        finally:
+            # Never leave workers behind, whatever went wrong above.
+            for worker in self._running():
+                self._signal_group(worker, signal.SIGKILL)
+            self._reap()
+            self._restore_handlers(previous)
+        return self._exit_code if self._exit_code is not None else 0

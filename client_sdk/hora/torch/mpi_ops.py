@@ -1,0 +1,653 @@
+"""Collectives on torch tensors, with Horovod's signatures and semantics.
+
+Every ``*_async`` function returns an integer handle; :func:`synchronize`
+waits for it and returns the result, :func:`poll` asks whether it is done.
+The synchronous forms are differentiable where Horovod's are (allreduce,
+allgather, broadcast, alltoall, reducescatter).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import _runtime
+from .._engine import Entry, Handle
+from .._ops import OpType, ReduceOp
+
+__all__ = [
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "ProcessSet", "global_process_set",
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "is_homogeneous",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "allgather", "allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "barrier", "poll", "synchronize",
+    "gloo_built", "gloo_enabled", "nccl_built", "mpi_built", "mpi_enabled", "ccl_built",
+    "cuda_built", "rocm_built", "ddl_built", "mpi_threads_supported",
+]
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+
+class ProcessSet:
+    """A subset of ranks that runs collectives among themselves.
+
+    Only the global set exists until process sets land; it is accepted
+    everywhere Horovod accepts ``process_set=``.
+    """
+
+    def __init__(self, ranks: Sequence[int] | None = None) -> None:
+        self.ranks = list(ranks) if ranks is not None else None
+        self.process_set_id: int | None = 0 if ranks is None else None
+
+    def size(self) -> int:
+        return size() if self.ranks is None else len(self.ranks)
+
+    def rank(self) -> int:
+        return rank() if self.ranks is None else self.ranks.index(rank())
+
+    def included(self) -> bool:
+        return self.ranks is None or rank() in self.ranks
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet()
+
+
+# -- lifecycle and world --------------------------------------------------
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Joins the job: blocks until every worker has joined, then builds the data plane.
+
+    ``comm`` and ``process_sets`` are accepted for compatibility with
+    Horovod's signature; an MPI communicator cannot be used by hora.
+    """
+    if comm is not None:
+        raise ValueError("hora does not run over MPI: call hvd.init() without a communicator")
+    del process_sets
+    _runtime.init()
+
+
+def shutdown() -> None:
+    """Leaves the job; ``init()`` may be called again afterwards."""
+    _runtime.shutdown()
+
+
+def is_initialized() -> bool:
+    return _runtime.is_initialized()
+
+
+def _world() -> Any:
+    return _runtime.current().world
+
+
+def size() -> int:
+    return _world().size
+
+
+def rank() -> int:
+    return _world().rank
+
+
+def local_size() -> int:
+    return _world().local_size
+
+
+def local_rank() -> int:
+    return _world().local_rank
+
+
+def cross_size() -> int:
+    return _world().cross_size
+
+
+def cross_rank() -> int:
+    return _world().cross_rank
+
+
+def is_homogeneous() -> bool:
+    return _world().is_homogeneous
+
+
+# -- builds -----------------------------------------------------------------
+
+
+def gloo_built() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_gloo_available()
+
+
+def gloo_enabled() -> bool:
+    return gloo_built()
+
+
+def nccl_built() -> int | bool:
+    """The NCCL version torch was built with (as Horovod's int, e.g. 21803), or False."""
+    if not (torch.distributed.is_available() and torch.distributed.is_nccl_available()):
+        return False
+    try:
+        version = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return False
+    if isinstance(version, tuple):
+        major, minor, patch = (list(version) + [0, 0, 0])[:3]
+        return major * 10000 + minor * 100 + patch
+    return int(version)
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return torch.cuda.is_available() and bool(nccl_built())
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+# -- handles -----------------------------------------------------------------
+
+_handles: dict[int, Handle] = {}
+_handles_lock = threading.Lock()
+_handle_ids = itertools.count(1)
+
+
+def _register(handle: Handle) -> int:
+    with _handles_lock:
+        handle_id = next(_handle_ids)
+        _handles[handle_id] = handle
+    return handle_id
+
+
+def _lookup(handle: int) -> Handle:
+    with _handles_lock:
+        found = _handles.get(handle)
+    if found is None:
+        raise ValueError(f"unknown or already synchronized handle {handle}")
+    return found
+
+
+def poll(handle: int) -> bool:
+    """True when the collective behind ``handle`` has finished (or failed)."""
+    return _lookup(handle).done()
+
+
+def synchronize(handle: int) -> Any:
+    """Waits for the collective behind ``handle`` and returns its result.
+
+    Raises:
+        HorovodInternalError: the collective failed on this rank (a peer was
+            lost, ranks disagreed on the tensor, the data plane broke).
+    """
+    entry = _lookup(handle)
+    runtime = _runtime.current() if _runtime.is_initialized() else None
+    try:
+        # Every failure path of the engine completes the handle, so this
+        # waits in slices only to stay responsive to KeyboardInterrupt.
+        while True:
+            try:
+                return entry.wait(timeout=1.0)
+            except TimeoutError:
+                if runtime is not None and runtime.engine.failure() is not None and \
+                        not entry.done():
+                    raise runtime.engine.failure() from None
+    finally:
+        with _handles_lock:
+            _handles.pop(handle, None)
+
+
+# -- submission -------------------------------------------------------------
+
+
+def _check_process_set(process_set: ProcessSet) -> int:
+    if process_set is not global_process_set and process_set.ranks is not None:
+        raise NotImplementedError("process sets other than the global set are not available yet")
+    return 0
+
+
+def _op(op: ReduceOp | None, average: bool | None) -> ReduceOp:
+    if op is not None and average is not None:
+        raise ValueError("pass either op= or the deprecated average=, not both")
+    if average is not None:
+        warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
+        return ReduceOp.AVERAGE if average else ReduceOp.SUM
+    if op is None:
+        return ReduceOp.AVERAGE
+    op = ReduceOp(op)
+    if op == ReduceOp.ADASUM:
+        raise NotImplementedError("op=hvd.Adasum is not available yet")
+    return op
+
+
+def _submit(entry: Entry) -> int:
+    runtime = _runtime.current()
+    return _register(runtime.engine.enqueue(entry))
+
+
+def _name(name: str | None, op: str) -> str:
+    return name if name else _runtime.current().auto_name(op)
+
+
+def _cpu_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_sparse:
+        raise TypeError("sparse tensors cannot be reduced directly; use allgather on "
+                        "their indices and values (or sparse_as_dense=True)")
+    return tensor
+
+
+def _allreduce_entry(tensor: torch.Tensor, buffer: torch.Tensor, name: str, op: ReduceOp,
+                     prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
+                     group_id: int = 0, group_size: int = 0) -> Entry:
+    return Entry(name=name, op_type=OpType.ALLREDUCE, buffer=buffer, handle=Handle(name),
+                 reduce_op=op, prescale_factor=float(prescale_factor),
+                 postscale_factor=float(postscale_factor),
+                 process_set_id=_check_process_set(process_set), group_id=group_id,
+                 group_size=group_size,
+                 result=None if buffer is tensor else _copy_back(tensor))
+
+
+def _copy_back(target: torch.Tensor) -> Any:
+    def result(value: torch.Tensor) -> torch.Tensor:
+        if value is not target:
+            target.copy_(value.view_as(target))
+        return target
+    return result
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Starts an in-place allreduce of ``tensor``; returns a handle."""
+    tensor = _cpu_contiguous(tensor)
+    buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+    return _submit(_allreduce_entry(tensor, buffer, _name(name, "allreduce"),
+                                    _op(op, average), prescale_factor, postscale_factor,
+                                    process_set))
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Starts an allreduce into a new tensor; returns a handle."""
+    output = _cpu_contiguous(tensor).detach().clone(memory_format=torch.contiguous_format)
+    return allreduce_async_(output, average, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Allreduces ``tensor`` in place and returns it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp,
+                prescale_factor: float, postscale_factor: float,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, \
+            process_set
+        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor,
+                                           postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        reduced = synchronize(allreduce_async(grad.contiguous(), None, None, ctx.op, ctx.pre,
+                                              ctx.post, ctx.process_set))
+        return reduced, None, None, None, None, None
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: Any = None, op: ReduceOp | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Returns the reduction of ``tensor`` over all ranks (differentiable).
+
+    Args:
+        tensor: the tensor to reduce; every rank passes the same shape and dtype.
+        name: a name unique among in-flight operations; generated when omitted.
+        compression: ``hvd.Compression.none`` (default) or ``fp16``/``bf16``.
+        op: ``hvd.Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies the result after the reduction.
+    """
+    op = _op(op, average)
+    if compression is None:
+        return _AllreduceFunction.apply(tensor, name, op, prescale_factor, postscale_factor,
+                                        process_set)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                       process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: ReduceOp | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> int:
+    """Starts an in-place allreduce of ``tensors`` as one group; returns one handle."""
+    if not tensors:
+        raise ValueError("grouped_allreduce needs at least one tensor")
+    op = _op(op, average)
+    base = _name(name, "grouped_allreduce")
+    runtime = _runtime.current()
+    # Derived from the name so that every rank computes the same id.
+    group_id = zlib.crc32(base.encode()) + 1
+    group = _Group(list(tensors))
+    handles = []
+    for i, tensor in enumerate(tensors):
+        tensor = _cpu_contiguous(tensor)
+        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        entry = _allreduce_entry(tensor, buffer, f"{base}.{i}", op, prescale_factor,
+                                 postscale_factor, process_set, group_id, len(tensors))
+        handles.append(runtime.engine.enqueue(entry))
+    group.handles = handles
+    return _register(group)
+
+
+class _Group(Handle):
+    """One handle over the tensors of a grouped allreduce."""
+
+    __slots__ = ("tensors", "handles")
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        super().__init__("group")
+        self.tensors = tensors
+        self.handles: list[Handle] = []
+
+    def done(self) -> bool:
+        return all(h.done() for h in self.handles)
+
+    def wait(self, timeout: float | None = None) -> list[torch.Tensor]:
+        return [h.wait(timeout) for h in self.handles]
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: ReduceOp | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Starts a grouped allreduce into new tensors; returns one handle."""
+    outputs = [_cpu_contiguous(t).detach().clone(memory_format=torch.contiguous_format)
+               for t in tensors]
+    return grouped_allreduce_async_(outputs, average, name, op, prescale_factor,
+                                    postscale_factor, process_set)
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ReduceOp | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                      name: str | None = None, compression: Any = None,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Reduces several tensors as one negotiated, fused group."""
+    if compression is None:
+        return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                                   postscale_factor, process_set))
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = synchronize(grouped_allreduce_async([p[0] for p in pairs], average, name, op,
+                                                  prescale_factor, postscale_factor,
+                                                  process_set))
+    return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs, strict=True)]
+
+
+# -- allgather, broadcast, alltoall, reducescatter --------------------------
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Starts concatenating every rank's ``tensor`` along dim 0 (sizes may differ)."""
+    tensor = _cpu_contiguous(tensor).detach()
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1)
+    name = _name(name, "allgather")
+    return _submit(Entry(name=name, op_type=OpType.ALLGATHER, buffer=tensor.contiguous(),
+                         handle=Handle(name), process_set_id=_check_process_set(process_set)))
+
+
+class _AllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.dim0 = tensor.shape[0] if tensor.dim() else 1
+        ctx.process_set = process_set
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        grad_sum = synchronize(allreduce_async(grad.contiguous(), op=Sum,
+                                               process_set=ctx.process_set))
+        dims = synchronize(allgather_async(torch.tensor([ctx.dim0]),
+                                           process_set=ctx.process_set))
+        offset = int(dims[: rank()].sum())
+        return grad_sum.narrow(0, offset, ctx.dim0), None, None
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenates every rank's ``tensor`` along dim 0; first dimensions may differ."""
+    return _AllgatherFunction.apply(tensor, name, process_set)
+
+
+def _check_root(root_rank: int) -> int:
+    root_rank = int(root_rank)
+    if not 0 <= root_rank < size():
+        raise ValueError(f"root_rank {root_rank} is outside the world of size {size()}")
+    return root_rank
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Starts overwriting ``tensor`` with the root rank's value, in place."""
+    tensor = _cpu_contiguous(tensor)
+    buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+    name = _name(name, "broadcast")
+    return _submit(Entry(name=name, op_type=OpType.BROADCAST, buffer=buffer,
+                         handle=Handle(name), root_rank=_check_root(root_rank),
+                         process_set_id=_check_process_set(process_set),
+                         result=None if buffer is tensor else _copy_back(tensor)))
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Starts a broadcast of the root rank's ``tensor`` into a new tensor."""
+    output = _cpu_contiguous(tensor).detach().clone(memory_format=torch.contiguous_format)
+    return broadcast_async_(output, root_rank, name, process_set)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _BroadcastFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        reduced = synchronize(allreduce_async(grad.contiguous(), op=Sum,
+                                              process_set=ctx.process_set))
+        if rank() != ctx.root_rank:
+            reduced = reduced * 0
+        return reduced, None, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Returns the root rank's ``tensor`` on every rank (differentiable)."""
+    return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Starts scattering slices of ``tensor`` to every rank and gathering theirs.
+
+    ``splits[r]`` rows go to rank r; without splits the first dimension is
+    divided evenly (it must be divisible by the world size).
+    """
+    tensor = _cpu_contiguous(tensor).detach().contiguous()
+    if tensor.dim() == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    world = size()
+    if splits is None:
+        if tensor.shape[0] % world:
+            raise ValueError(f"alltoall without splits needs a first dimension divisible by "
+                             f"the world size {world}, got {tensor.shape[0]}")
+        split_list = [tensor.shape[0] // world] * world
+    else:
+        split_list = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor)
+                                       else splits)]
+        if len(split_list) != world or any(s < 0 for s in split_list) or \
+                sum(split_list) != tensor.shape[0]:
+            raise ValueError(f"alltoall splits {split_list} must have {world} non-negative "
+                             f"entries summing to the first dimension {tensor.shape[0]}")
+    name = _name(name, "alltoall")
+    return _submit(Entry(name=name, op_type=OpType.ALLTOALL, buffer=tensor, handle=Handle(name),
+                         splits=split_list, process_set_id=_check_process_set(process_set)))
+
+
+class _AlltoallFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
+                process_set: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.process_set = process_set
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _unused: Any) -> tuple[Any, ...]:
+        grad_in, _ = synchronize(alltoall_async(grad.contiguous(), ctx.received,
+                                                process_set=ctx.process_set))
+        return grad_in, None, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Exchanges slices of ``tensor`` between all ranks.
+
+    Returns:
+        The gathered tensor; with ``splits`` given, a pair ``(tensor,
+        received_splits)`` where ``received_splits[r]`` rows came from rank r.
+    """
+    output, received = _AlltoallFunction.apply(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
+                        op: ReduceOp | None = None,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    """Starts reducing ``tensor`` and scattering its rows: rank r keeps its share."""
+    tensor = _cpu_contiguous(tensor).detach().clone(memory_format=torch.contiguous_format)
+    if tensor.dim() == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension")
+    op = _op(op, None)
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX,
+                  ReduceOp.PRODUCT):
+        raise ValueError(f"reducescatter does not support op {op.name}")
+    name = _name(name, "reducescatter")
+    return _submit(Entry(name=name, op_type=OpType.REDUCESCATTER, buffer=tensor,
+                         handle=Handle(name), reduce_op=op,
+                         prescale_factor=float(prescale_factor),
+                         postscale_factor=float(postscale_factor),
+                         process_set_id=_check_process_set(process_set)))
+
+
+class _ReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp,
+                process_set: ProcessSet, pre: float, post: float) -> torch.Tensor:
+        ctx.op, ctx.process_set, ctx.scale = op, process_set, pre * post
+        ctx.rows = tensor.shape[0]
+        return synchronize(reducescatter_async(tensor, name, op, process_set, pre, post))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        gathered = synchronize(allgather_async(grad.contiguous(), process_set=ctx.process_set))
+        scale = ctx.scale / (size() if ctx.op == ReduceOp.AVERAGE else 1)
+        return gathered * scale, None, None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Any = None,
+                  op: ReduceOp | None = None,
+                  process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduces ``tensor`` over all ranks and returns this rank's rows.
+
+    Rank r receives ``split_rows(n, size)[r]`` rows: the first ``n % size``
+    ranks get one extra row.
+    """
+    op = _op(op, None)
+    if compression is None:
+        return _ReducescatterFunction.apply(tensor, name, op, process_set, prescale_factor,
+                                            postscale_factor)
+    compressed, cctx = compression.compress(tensor)
+    out = _ReducescatterFunction.apply(compressed, name, op, process_set, prescale_factor,
+                                       postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Returns once every rank of the process set has reached it."""
+    runtime = _runtime.current()
+    name = runtime.auto_name("barrier")
+    synchronize(_submit(Entry(name=name, op_type=OpType.BARRIER,
+                              buffer=torch.empty(0), handle=Handle(name),
+                              process_set_id=_check_process_set(process_set))))
+

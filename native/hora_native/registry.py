@@ -1,0 +1,59 @@
+"""Chooses and builds a backend for a device, importing each one lazily.
+
+``import hora.torch`` imports this module but none of the backends: NCCL
+and oneCCL are imported only when a tensor on their device arrives.
+"""
+
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+
+import torch
+
+from .base import Backend, BackendError
+
+__all__ = ["BACKENDS", "available", "backend_for_device", "create_backend"]
+
+# Backend name -> (module, class, device types it serves).
+BACKENDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "gloo": ("hora_native.gloo", "GlooBackend", ("cpu",)),
+    "nccl": ("hora_native.nccl", "NcclBackend", ("cuda",)),
+}
+
+
+def backend_for_device(device_type: str, *, cpu_backend: str = "gloo",
+                       cuda_backend: str = "nccl") -> str:
+    """Names the backend that runs collectives for tensors on ``device_type``.
+
+    Raises:
+        BackendError: no backend serves that kind of device.
+    """
+    if device_type == "cpu":
+        return cpu_backend
+    if device_type == "cuda":
+        return cuda_backend
+    raise BackendError(f"no hora backend for tensors on device type {device_type!r}")
+
+
+def available(name: str) -> bool:
+    """Whether backend ``name`` can run in this process."""
+    if name == "gloo":
+        return torch.distributed.is_available() and torch.distributed.is_gloo_available()
+    if name == "nccl":
+        return (torch.distributed.is_available() and torch.distributed.is_nccl_available()
+                and torch.cuda.is_available())
+    return False
+
+
+def create_backend(name: str, store: torch.distributed.Store, rank: int, size: int,
+                   timeout: timedelta, address: str) -> Backend:
+    """Builds backend ``name``; every rank of the group must call this together."""
+    try:
+        module_name, class_name, _ = BACKENDS[name]
+    except KeyError:
+        raise BackendError(f"unknown backend {name!r}; known: {sorted(BACKENDS)}") from None
+    if not available(name):
+        raise BackendError(f"backend {name!r} is not available in this process")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(store, rank, size, timeout, address)
