@@ -74,10 +74,9 @@ class GlooBackend:
         # all_to_all with each rank sending its whole tensor to every rank
         # handles ragged first dimensions without padding, and Gloo's
         # all_to_all runs about 3x faster than its all_gather here.
-        rows = tensor.shape[0] if tensor.dim() else 1
-        send = tensor.reshape(rows, -1).repeat(self.size, 1) if self.size > 1 else tensor
-        self.alltoallv(output, send.reshape((rows * self.size,) + tuple(tensor.shape[1:])),
-                       list(counts), [rows] * self.size)
+        rows = tensor.shape[0]
+        send = torch.cat([tensor] * self.size) if self.size > 1 else tensor
+        self.alltoallv(output, send, list(counts), [rows] * self.size)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         opts = dist.BroadcastOptions()

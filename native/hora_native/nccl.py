@@ -63,7 +63,7 @@ class NcclBackend:
     def allgatherv(self, output: torch.Tensor, tensor: torch.Tensor,
                    counts: Sequence[int]) -> None:
         rows = tensor.shape[0]
-        send = tensor.repeat((self.size,) + (1,) * (tensor.dim() - 1))
+        send = torch.cat([tensor] * self.size)
         self.alltoallv(output, send, list(counts), [rows] * self.size)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:

@@ -34,7 +34,7 @@ JOB_STATE_FINISHED: JobState
 JOB_STATE_FAILED: JobState
 
 class JoinRequest(_message.Message):
-    __slots__ = ("job_id", "worker_id", "host", "pid", "expected_size", "rank_hint", "data_plane_address")
+    __slots__ = ("job_id", "worker_id", "host", "pid", "expected_size", "rank_hint", "data_plane_address", "fusion_threshold_bytes", "stall_warning_ms", "stall_shutdown_ms")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,9 @@ class JoinRequest(_message.Message):
     EXPECTED_SIZE_FIELD_NUMBER: _ClassVar[int]
     RANK_HINT_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    FUSION_THRESHOLD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STALL_WARNING_MS_FIELD_NUMBER: _ClassVar[int]
+    STALL_SHUTDOWN_MS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: str
     host: str
@@ -49,7 +52,10 @@ class JoinRequest(_message.Message):
     expected_size: int
     rank_hint: int
     data_plane_address: str
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., expected_size: _Optional[int] = ..., rank_hint: _Optional[int] = ..., data_plane_address: _Optional[str] = ...) -> None: ...
+    fusion_threshold_bytes: int
+    stall_warning_ms: int
+    stall_shutdown_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., expected_size: _Optional[int] = ..., rank_hint: _Optional[int] = ..., data_plane_address: _Optional[str] = ..., fusion_threshold_bytes: _Optional[int] = ..., stall_warning_ms: _Optional[int] = ..., stall_shutdown_ms: _Optional[int] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("rank", "worker_id", "host", "pid", "state", "data_plane_address", "local_rank", "last_heartbeat_unix_ms")
