@@ -1,0 +1,76 @@
+"""Backend selection: CPU tensors go to Gloo, CUDA tensors to NCCL, lazily imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import torch
+
+from hora_native import BackendError, available, backend_for_device, create_backend
+
+pytestmark = pytest.mark.unit
+
+
+def test_devices_map_to_backends():
+    assert backend_for_device("cpu") == "gloo"
+    assert backend_for_device("cuda") == "nccl"
+    with pytest.raises(BackendError, match="'mps'"):
+        backend_for_device("mps")
+
+
+def test_gloo_is_available_and_nccl_only_with_a_gpu():
+    assert available("gloo")
+    assert available("nccl") == (torch.cuda.is_available()
+                                 and torch.distributed.is_nccl_available())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on CPU-only machines")
+def test_nccl_without_a_gpu_is_a_clear_error():
+    store = torch.distributed.HashStore()
+    with pytest.raises(BackendError, match="'nccl' is not available"):
+        create_backend("nccl", store, 0, 1, timedelta(seconds=5), "127.0.0.1")
+
+
+def test_unknown_backend_names_the_known_ones():
+    with pytest.raises(BackendError, match="known: \\['gloo', 'nccl'\\]"):
+        create_backend("mpi", torch.distributed.HashStore(), 0, 1, timedelta(seconds=1), "")
+
+
+def test_importing_hora_torch_imports_no_accelerator_backend_and_prints_nothing():
+    code = ("import sys, hora.torch; "
+            "print(sorted(m for m in sys.modules if m.startswith('hora_native.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "['hora_native.base', 'hora_native.registry']"
+    assert out.stderr == ""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_single_rank_nccl_allreduce():
+    from hora_native import ReduceKind
+
+    backend = create_backend("nccl", torch.distributed.HashStore(), 0, 1,
+                             timedelta(seconds=30), "127.0.0.1")
+    t = torch.ones(4, device="cuda")
+    backend.allreduce(t, ReduceKind.SUM)
+    assert t.tolist() == [1.0] * 4
+    backend.close()
+
+
+def test_single_rank_gloo_collectives():
+    from hora_native import ReduceKind
+
+    backend = create_backend("gloo", torch.distributed.HashStore(), 0, 1,
+                             timedelta(seconds=30), "127.0.0.1")
+    t = torch.arange(4.0)
+    backend.allreduce(t, ReduceKind.MAX)
+    out = torch.empty(4)
+    backend.allgatherv(out, t, [4])
+    backend.broadcast(t, 0)
+    backend.barrier()
+    assert out.tolist() == t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    backend.close()
