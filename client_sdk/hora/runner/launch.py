@@ -70,8 +70,10 @@ def _placement(config: LaunchConfig) -> list[SlotInfo]:
         raise _UsageError(str(exc)) from exc
     remote = sorted({s.hostname for s in slots if not is_local_host(s.hostname)})
     if remote:
+        named = (f"host {remote[0]} is" if len(remote) == 1
+                 else f"hosts {', '.join(remote)} are")
         raise _UsageError(
-            f"host {', '.join(remote)} is not this machine; horarun can only start "
+            f"{named} not this machine; horarun can only start "
             f"workers locally for now (remote launch over ssh is not implemented). "
             f"Local hosts: localhost, 127.x.x.x, or this machine's name"
         )

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import BinaryIO, TextIO, cast
 
 __all__ = [
     "GRACE_PERIOD",
@@ -169,6 +169,7 @@ class Supervisor:
         self._signals: list[int] = []
         self._exit_code: int | None = None
         self._kill_at: float | None = None
+        self._hurried = False
 
     # -- messages ----------------------------------------------------------
 
@@ -220,8 +221,9 @@ class Supervisor:
         running = self._running()
         if running:
             ranks = ", ".join(f"{w.spec.rank} (pid {w.proc.pid})" for w in running)
-            self._say(f"{_plural(len(running), 'worker')} still running after "
-                      f"{self._grace:g} s; killing rank {ranks}")
+            after = "" if self._hurried else f" after {self._grace:g} s"
+            self._say(f"{_plural(len(running), 'worker')} still running{after}; "
+                      f"killing rank {ranks}")
         for worker in running:
             self._signal_group(worker, signal.SIGKILL)
 
@@ -246,9 +248,10 @@ class Supervisor:
             self._fail(code, f"cannot start rank {spec.rank} on {spec.hostname}: {exc}")
             return False
         self._workers.append(_Worker(spec, proc))
-        assert proc.stdout is not None and proc.stderr is not None  # PIPE above
-        for name, pipe, sink in (("stdout", proc.stdout, self._out),
-                                 ("stderr", proc.stderr, self._err)):
+        # Both are pipes (PIPE above); the casts only inform the type checker.
+        pipes = (("stdout", cast(BinaryIO, proc.stdout), self._out),
+                 ("stderr", cast(BinaryIO, proc.stderr), self._err))
+        for name, pipe, sink in pipes:
             reader = _Reader(spec.rank, name, pipe, sink, self._prefix, copies[name])
             reader.start()
             self._readers.append(reader)
@@ -282,6 +285,8 @@ class Supervisor:
                 self._stop(signum)
             else:
                 # A second Ctrl-C means "now": skip the rest of the grace period.
+                self._say(f"received {_signal_name(signum)} again; not waiting any longer")
+                self._hurried = True
                 self._kill_at = time.monotonic()
 
     def _poll(self) -> None:
