@@ -92,7 +92,10 @@ def init(settings: Settings | None = None) -> Runtime:
     with _lock:
         if _runtime is None:
             settings = settings or Settings.from_env()
-            logging.getLogger("hora").setLevel(settings.log_level.upper())
+            level = settings.log_level.upper()
+            # Horovod's level names, mapped onto logging's.
+            level = {"TRACE": "DEBUG", "FATAL": "CRITICAL"}.get(level, level)
+            logging.getLogger("hora").setLevel(level)
             _runtime = Runtime(settings)
         return _runtime
 

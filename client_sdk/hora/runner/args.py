@@ -44,6 +44,7 @@ class LaunchConfig:
         verbose: print the placement before starting.
         output_dir: also write each rank's output below this directory.
         prefix: prefix every output line with the rank.
+        horovod_compat: put the ``horovod`` import shim on the workers' path.
         command: the worker command and its arguments.
     """
 
@@ -60,6 +61,7 @@ class LaunchConfig:
     verbose: bool = False
     output_dir: str | None = None
     prefix: bool = True
+    horovod_compat: bool = False
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -132,11 +134,11 @@ def _log_level(text: str) -> str:
     return level
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``horarun`` argument parser."""
+def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argparse.ArgumentParser:
+    """The ``horarun`` argument parser (``horovodrun``'s when ``horovod_compat``)."""
     parser = argparse.ArgumentParser(
-        prog="horarun",
-        usage="horarun -np N [options] COMMAND [ARGS...]",
+        prog=prog,
+        usage=f"{prog} -np N [options] COMMAND [ARGS...]",
         description="Run a hora (Horovod API) training command on N worker processes.",
         epilog="Example: horarun -np 2 python train.py --epochs 3",
         allow_abbrev=False,
@@ -190,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="do not prefix output lines with [RANK]<stream>:")
     out.add_argument("--gloo", action="store_true",
                      help="accepted for horovodrun compatibility (hora always uses Gloo)")
+    out.add_argument("--horovod-compat", action=argparse.BooleanOptionalAction,
+                     default=horovod_compat,
+                     help="let scripts `import horovod.torch` and get hora; refused when a "
+                          "real Horovod is installed (default: on for horovodrun)")
 
     # REMAINDER makes argparse hand over everything from the first positional
     # on, so the command's own flags are never taken for ours.
@@ -199,13 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None,
-               environ: Mapping[str, str] | None = None) -> LaunchConfig:
+               environ: Mapping[str, str] | None = None, *, prog: str = "horarun",
+               horovod_compat: bool = False) -> LaunchConfig:
     """Parses ``horarun``'s command line.
 
     Args:
         argv: arguments without the program name (default ``sys.argv[1:]``).
         environ: environment for defaults such as ``HORA_TOKEN`` (default
             ``os.environ``).
+        prog: the program name shown in usage messages.
+        horovod_compat: the default of ``--horovod-compat``.
 
     Returns:
         The launch configuration.
@@ -215,7 +224,7 @@ def parse_args(argv: Sequence[str] | None = None,
             command line is invalid (argparse's convention).
     """
     env = os.environ if environ is None else environ
-    parser = build_parser()
+    parser = build_parser(prog, horovod_compat)
     ns = parser.parse_args(argv)
 
     command = list(ns.command)
@@ -269,4 +278,5 @@ def parse_args(argv: Sequence[str] | None = None,
         verbose=ns.verbose,
         output_dir=ns.output_filename,
         prefix=not ns.disable_prefix,
+        horovod_compat=ns.horovod_compat,
     )

@@ -31,7 +31,7 @@ from .hosts import (
 )
 from .procs import Supervisor, WorkerSpec
 
-__all__ = ["main", "resolve_hosts"]
+__all__ = ["horovodrun_main", "main", "resolve_hosts"]
 
 USAGE_ERROR = 2
 COORDINATOR_ERROR = 1
@@ -96,8 +96,29 @@ def _start_coordinator(config: LaunchConfig) -> Any:
     return coordinator
 
 
+def _compat_env(base: dict[str, str]) -> dict[str, str]:
+    """Puts the ``horovod`` shim first on the workers' ``PYTHONPATH``.
+
+    Raises:
+        _UsageError: a real Horovod is installed; shadowing it silently would
+            run the user's script on something they did not choose.
+    """
+    from hora._compat import real_horovod_location, shim_path
+
+    real = real_horovod_location()
+    if real is not None:
+        raise _UsageError(
+            f"a real Horovod is installed ({real}); hora will not shadow it. Run it with "
+            f"its own horovodrun, or change the script to `import hora.torch as hvd` and "
+            f"use horarun without --horovod-compat")
+    paths = [shim_path()] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**base, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str) -> list[WorkerSpec]:
     base = dict(os.environ)
+    if config.horovod_compat:
+        base = _compat_env(base)
     return [
         WorkerSpec(
             rank=slot.rank,
@@ -116,17 +137,25 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str) ->
     ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def horovodrun_main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``horovodrun``: ``horarun`` with the ``horovod`` import shim on by default."""
+    return main(argv, prog="horovodrun", horovod_compat=True)
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
+         horovod_compat: bool = False) -> int:
     """Runs ``horarun``.
 
     Args:
         argv: the arguments after the program name (default ``sys.argv[1:]``).
+        prog: the program name in messages.
+        horovod_compat: the default of ``--horovod-compat``.
 
     Returns:
         The process exit code (see the module docstring).
     """
     try:
-        config = parse_args(argv)
+        config = parse_args(argv, prog=prog, horovod_compat=horovod_compat)
     except SystemExit as exc:
         # argparse has printed usage already; return rather than raise so
         # callers embedding main() get a code, not an exception.
@@ -159,7 +188,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"job {config.job_id}")
         # With --coordinator, workers may start before it is reachable; they
         # retry within their connect timeout, so no check is made here.
-        specs = _specs(config, slots, address)
+        try:
+            specs = _specs(config, slots, address)
+        except _UsageError as exc:
+            _err(f"error: {exc}")
+            return USAGE_ERROR
         return Supervisor(specs, prefix=config.prefix, output_dir=config.output_dir).run()
     except KeyboardInterrupt:
         # Ctrl-C before the workers (and our handlers) were in place.
