@@ -319,3 +319,21 @@ def init_only():
 
     hvd_mod.init()
     return hvd_mod.size()
+
+
+def shutdown_and_init_again():
+    first = hvd.allreduce(torch.ones(2), name="before", op=hvd.Sum)
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    hvd.init()
+    second = hvd.allreduce(torch.ones(2) * 2, name="before", op=hvd.Sum)
+    return first, second, hvd.rank(), hvd.size()
+
+
+def use_before_init():
+    hvd.shutdown()
+    try:
+        hvd.rank()
+    except ValueError as exc:
+        return str(exc)
+    return None

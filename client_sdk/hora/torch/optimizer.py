@@ -4,24 +4,40 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from .compression import Compression
 from .mpi_ops import (
+    Adasum,
     Average,
     ProcessSet,
     ReduceOp,
     Sum,
+    allgather_async,
     allreduce_async_,
     global_process_set,
-    size,
+    grouped_allreduce_async_,
     synchronize,
 )
 
 __all__ = ["DistributedOptimizer"]
+
+
+class _Pending:
+    """An allreduce in flight for one parameter or one group of parameters."""
+
+    __slots__ = ("params", "handle", "ctxs", "wire", "sparse")
+
+    def __init__(self, params: list[torch.Tensor], handle: Any, ctxs: list[Any],
+                 wire: list[torch.Tensor], sparse: bool = False) -> None:
+        self.params = params
+        self.handle = handle
+        self.ctxs = ctxs
+        self.wire = wire
+        self.sparse = sparse
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -29,88 +45,143 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     Each parameter gets a post-accumulate-grad hook. When a parameter's
     gradient has accumulated ``backward_passes_per_step`` times, the hook
-    starts an in-place allreduce of it; ``step()`` waits for all of them
-    and then runs the wrapped optimizer's update.
+    starts an in-place allreduce of it (or of its whole group, once every
+    gradient of the group is ready); ``step()`` waits for all of them and
+    then runs the wrapped optimizer's update.
     """
 
     def __init__(self, params: Any, named_parameters: Iterable[tuple[str, Any]] | None,
                  compression: Any, backward_passes_per_step: int, op: ReduceOp,
-                 gradient_predivide_factor: float, process_set: ProcessSet) -> None:
+                 gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
+                 process_set: ProcessSet) -> None:
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self._op = op
         self._process_set = process_set
         self._predivide = gradient_predivide_factor
+        self._sparse_as_dense = sparse_as_dense
         self.backward_passes_per_step = backward_passes_per_step
 
         all_params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named = list(named_parameters)
-            names = [n for n, _ in named]
-            dupes = sorted({n for n in names if names.count(n) > 1})
-            if dupes:
-                raise ValueError(f"named_parameters has duplicate names: {dupes}")
-            by_param = {p: n for n, p in named}
-            unnamed = [i for i, p in enumerate(all_params) if p not in by_param]
-            if unnamed:
-                raise ValueError(
-                    f"named_parameters was given but {len(unnamed)} optimizer parameter(s) are "
-                    f"not in it (positions {unnamed[:5]}); pass model.named_parameters() of the "
-                    f"model whose parameters the optimizer updates")
-        else:
-            by_param = {}
-            for gi, group in enumerate(self.param_groups):
-                for pi, p in enumerate(group["params"]):
-                    by_param[p] = f"noname.{gi}.{pi}"
-        self._names = {p: by_param[p] for p in all_params}
-        self._handles: dict[torch.Tensor, tuple[int, Any, torch.Tensor]] = {}
+        self._names = _parameter_names(self.param_groups, all_params, named_parameters)
+        self._groups = _parameter_groups([p for p in all_params if p.requires_grad], groups)
+        self._group_of = {p: gi for gi, members in enumerate(self._groups) for p in members}
+        self._ready: dict[int, set[torch.Tensor]] = {}
+        self._pending: dict[torch.Tensor, _Pending] = {}
         self._delay = {p: backward_passes_per_step for p in all_params}
         self._synchronized = False
         self._should_synchronize = True
         self._hooks = []
-        if size() > 1:
-            for p in all_params:
-                if p.requires_grad:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+        if process_set.size() > 1:
+            for p in self._group_of:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
-    def _allreduce_grad_async(self, p: torch.Tensor) -> None:
-        name = f"allreduce.{self._names[p]}"
-        compressed, ctx = self._compression.compress(p.grad)
+    # -- submitting ------------------------------------------------------------
+
+    def _scales(self) -> tuple[float, float]:
         if self._op == Average:
-            pre, post = 1.0 / self._predivide, self._predivide
+            return 1.0 / self._predivide, self._predivide
+        return 1.0, 1.0
+
+    def _dense_grad(self, p: torch.Tensor) -> torch.Tensor:
+        if p.grad is None:
+            # A parameter unused in this forward pass still takes part, so
+            # that every rank runs the same allreduces.
+            p.grad = torch.zeros_like(p)
+        elif p.grad.is_sparse and self._sparse_as_dense:
+            p.grad = p.grad.to_dense()
+        return p.grad
+
+    def _submit(self, params: list[torch.Tensor]) -> None:
+        if len(params) == 1 and params[0].grad is not None and params[0].grad.is_sparse \
+                and not self._sparse_as_dense:
+            self._submit_sparse(params[0])
+            return
+        grads = [self._dense_grad(p) for p in params]
+        pairs = [self._compression.compress(g) for g in grads]
+        wire = [w for w, _ in pairs]
+        pre, post = self._scales()
+        if len(params) == 1:
+            handle = allreduce_async_(wire[0], name=f"allreduce.{self._names[params[0]]}",
+                                      op=self._op, prescale_factor=pre, postscale_factor=post,
+                                      process_set=self._process_set)
         else:
-            pre, post = 1.0, 1.0
-        handle = allreduce_async_(compressed, name=name, op=self._op, prescale_factor=pre,
-                                  postscale_factor=post, process_set=self._process_set)
-        self._handles[p] = (handle, ctx, compressed)
+            handle = grouped_allreduce_async_(
+                wire, name=f"allreduce.group.{self._names[params[0]]}", op=self._op,
+                prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
+        pending = _Pending(params, handle, [c for _, c in pairs], wire)
+        for p in params:
+            self._pending[p] = pending
+
+    def _submit_sparse(self, p: torch.Tensor) -> None:
+        # Sparse gradients have different nonzeros on every rank: gather
+        # everyone's indices and values instead of reducing a dense tensor.
+        grad = p.grad.coalesce()
+        name = f"sparse.{self._names[p]}"
+        values = allgather_async(grad._values(), name=f"{name}.values",
+                                 process_set=self._process_set)
+        indices = allgather_async(grad._indices().t().contiguous(), name=f"{name}.indices",
+                                  process_set=self._process_set)
+        pending = _Pending([p], (values, indices), [None], [], sparse=True)
+        self._pending[p] = pending
 
     def _on_grad(self, p: torch.Tensor) -> None:
-        if p in self._handles:
+        if p in self._pending:
             raise RuntimeError(
-                f"gradient of {self._names[p]!r} was computed twice before step(): call "
-                f"optimizer.step() or optimizer.synchronize() after each backward pass, or "
-                f"raise backward_passes_per_step")
+                f"the gradient of {self._names[p]!r} was computed again before step(): call "
+                f"optimizer.step() or optimizer.synchronize() after every "
+                f"{self.backward_passes_per_step} backward pass(es), or raise "
+                f"backward_passes_per_step")
         self._delay[p] -= 1
-        if self._delay[p] == 0:
-            self._allreduce_grad_async(p)
+        if self._delay[p] > 0:
+            return
+        gi = self._group_of[p]
+        members = self._groups[gi]
+        if len(members) == 1:
+            self._submit([p])
+            return
+        ready = self._ready.setdefault(gi, set())
+        ready.add(p)
+        if len(ready) == len(members):
+            del self._ready[gi]
+            self._submit(list(members))
+
+    # -- completing -------------------------------------------------------------
 
     def synchronize(self) -> None:
         """Waits for every gradient allreduce of this step and writes the results back."""
-        if size() > 1:
-            for p in self._names:
-                if p.requires_grad and p not in self._handles:
-                    # A parameter unused in this forward pass still takes part,
-                    # so that every rank runs the same allreduces.
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    self._allreduce_grad_async(p)
-            for p, (handle, ctx, _compressed) in list(self._handles.items()):
-                output = synchronize(handle)
-                if ctx is not None or output is not p.grad:
-                    p.grad.copy_(self._compression.decompress(output, ctx))
+        if self._process_set.size() > 1:
+            for gi, members in enumerate(self._groups):
+                if not any(p in self._pending for p in members):
+                    self._ready.pop(gi, None)
+                    self._submit(list(members))
+            done: set[int] = set()
+            for pending in list(self._pending.values()):
+                if id(pending) in done:
+                    continue
+                done.add(id(pending))
+                self._complete(pending)
+            for p in self._pending:
                 self._delay[p] = self.backward_passes_per_step
-        self._handles.clear()
+        self._pending.clear()
+        self._ready.clear()
         self._synchronized = True
+
+    def _complete(self, pending: _Pending) -> None:
+        if pending.sparse:
+            p = pending.params[0]
+            values = synchronize(pending.handle[0])
+            indices = synchronize(pending.handle[1])
+            if self._op == Average:
+                values = values / self._process_set.size()
+            p.grad = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape).coalesce()
+            return
+        outputs = synchronize(pending.handle)
+        if not isinstance(outputs, list):
+            outputs = [outputs]
+        for p, out, ctx in zip(pending.params, outputs, pending.ctxs, strict=True):
+            if ctx is not None or out is not p.grad:
+                p.grad.copy_(self._compression.decompress(out, ctx))
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -129,16 +200,109 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "`with optimizer.skip_synchronize():` to avoid a second synchronize",
                     stacklevel=2)
             self.synchronize()
+        elif self._pending:
+            raise RuntimeError(
+                f"optimizer.step() inside skip_synchronize() with {len(self._pending)} gradient "
+                f"allreduce(s) still outstanding; call optimizer.synchronize() first")
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._handles:
+        if self._pending:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(): the gradients are still being "
                 "allreduced")
         return super(self.__class__, self).zero_grad(set_to_none)
+
+
+def _parameter_names(param_groups: list[dict[str, Any]], all_params: list[torch.Tensor],
+                     named_parameters: Iterable[tuple[str, Any]] | None
+                     ) -> dict[torch.Tensor, str]:
+    if named_parameters is None:
+        return {p: f"noname.{gi}.{pi}" for gi, group in enumerate(param_groups)
+                for pi, p in enumerate(group["params"])}
+    named = list(named_parameters)
+    names = [n for n, _ in named]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"named_parameters has duplicate names: {dupes}")
+    by_param = {p: n for n, p in named}
+    unnamed = [i for i, p in enumerate(all_params) if p not in by_param]
+    if unnamed:
+        raise ValueError(
+            f"named_parameters was given but {len(unnamed)} optimizer parameter(s) are not in "
+            f"it (positions {unnamed[:5]}); pass model.named_parameters() of the model whose "
+            f"parameters the optimizer updates")
+    return {p: by_param[p] for p in all_params}
+
+
+def _parameter_groups(all_params: list[torch.Tensor], groups: Any
+                      ) -> list[list[torch.Tensor]]:
+    """Splits parameters into allreduce groups: one each, N even groups, or given lists."""
+    if groups is None or groups == 0:
+        return [[p] for p in all_params]
+    if isinstance(groups, int):
+        if groups < 0:
+            raise ValueError(f"groups must be >= 0, got {groups}")
+        per = -(-len(all_params) // groups)
+        return [all_params[i:i + per] for i in range(0, len(all_params), per)]
+    if isinstance(groups, Sequence):
+        given = [list(g) for g in groups]
+        seen = {p for g in given for p in g}
+        if len(seen) != sum(len(g) for g in given):
+            raise ValueError("a parameter appears in more than one of the given groups")
+        unknown = [p for p in seen if not any(p is q for q in all_params)]
+        if unknown:
+            raise ValueError("groups name parameters the optimizer does not update")
+        # Parameters left out of every group are reduced on their own.
+        return given + [[p] for p in all_params if p not in seen]
+    raise TypeError(f"groups must be an int or a list of parameter lists, got {type(groups)}")
+
+
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """Adasum: each rank steps on its own gradient, then the deltas are Adasum-combined.
+
+    This follows Horovod's Adasum optimizer: the update each rank would make
+    alone is computed locally, and the ranks' updates are combined with the
+    Adasum rule (which keeps the combined step size stable as ranks are
+    added, so the learning rate need not be scaled by the world size).
+    """
+
+    def __init__(self, params: Any, named_parameters: Iterable[tuple[str, Any]] | None,
+                 compression: Any, backward_passes_per_step: int, process_set: ProcessSet
+                 ) -> None:
+        super(self.__class__, self).__init__(params)
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        self._names = _parameter_names(self.param_groups, all_params, named_parameters)
+        self._compression = compression
+        self._process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+        self._passes = 0
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: Adasum combines updates inside ``step()``."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        yield
+
+    def step(self, closure: Any = None) -> Any:
+        from .adasum import adasum_allreduce
+
+        params = [p for group in self.param_groups for p in group["params"]]
+        starts = [p.detach().clone() for p in params]
+        loss = super(self.__class__, self).step(closure)
+        if self._process_set.size() > 1:
+            with torch.no_grad():
+                for p, start in zip(params, starts, strict=True):
+                    delta = p - start
+                    wire, ctx = self._compression.compress(delta)
+                    combined = self._compression.decompress(
+                        adasum_allreduce(wire, name=f"adasum.{self._names[p]}",
+                                         process_set=self._process_set), ctx)
+                    p.copy_(start + combined)
+        return loss
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horovod's name
@@ -160,22 +324,38 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
     Args:
         optimizer: the optimizer to wrap; its state carries over.
         named_parameters: ``model.named_parameters()``, used to name allreduces.
-        compression: ``hvd.Compression.none`` or ``hvd.Compression.fp16``.
+        compression: ``hvd.Compression.none``, ``fp16`` or ``bf16``.
         backward_passes_per_step: backward passes accumulated locally per allreduce.
-        op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum``.
         gradient_predivide_factor: with Average, divide by this before the sum
             and by ``size / factor`` after it.
+        num_groups: deprecated spelling of ``groups=N``.
+        groups: ``N`` to reduce the parameters in N fused groups, or a list of
+            lists of parameters to reduce together.
+        sparse_as_dense: reduce sparse gradients as dense tensors instead of
+            gathering their nonzeros.
+        process_set: the ranks that train together.
     """
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    if op not in (Average, Sum):
-        raise ValueError(f"DistributedOptimizer supports op=hvd.Average or hvd.Sum, got {op!r}")
+    if op not in (Average, Sum, Adasum):
+        raise ValueError(f"DistributedOptimizer supports op=hvd.Average, hvd.Sum or hvd.Adasum, "
+                         f"got {op!r}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvd.Average")
-    del num_groups, groups, sparse_as_dense  # accepted; grouping is the coordinator's fusion
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
-    wrapped = cls(optimizer.param_groups, named_parameters, compression,
-                  backward_passes_per_step, op, gradient_predivide_factor, process_set)
+    if num_groups and groups is not None:
+        raise ValueError("pass groups= or the deprecated num_groups=, not both")
+    groups = groups if groups is not None else (num_groups or None)
+    if op == Adasum:
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        wrapped = cls(optimizer.param_groups, named_parameters, compression,
+                      backward_passes_per_step, process_set)
+    else:
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedOptimizer.__dict__))
+        wrapped = cls(optimizer.param_groups, named_parameters, compression,
+                      backward_passes_per_step, op, gradient_predivide_factor, groups,
+                      sparse_as_dense, process_set)
     wrapped.state.update(optimizer.state)
     return wrapped
