@@ -1,0 +1,82 @@
+"""``hora-coordinator``: run the coordinator as its own process.
+
+Exit status: 0 after SIGTERM/SIGINT, 1 when it cannot start (a port in use),
+2 for bad flags (argparse's usage error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from .server import ServingInfo, serve
+from .settings import parse_command_line
+
+__all__ = ["main", "write_ready_file"]
+
+logger = logging.getLogger("hora_coordinator")
+
+
+def write_ready_file(path: Path, info: ServingInfo) -> None:
+    """Writes ``{grpc_port, http_port, pid, token}`` as JSON, atomically.
+
+    A reader polling for ``path`` never sees a half-written file: the JSON
+    goes to a temporary file in the same folder, which is then renamed.
+    """
+    payload = {
+        "grpc_port": info.grpc_port,
+        "http_port": info.http_port,
+        "pid": info.pid,
+        "token": info.token,
+        "host": info.host,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the coordinator until SIGTERM or SIGINT; the exit status."""
+    command = parse_command_line(argv)
+    settings = command.settings
+    logging.basicConfig(
+        level=settings.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+
+        def ready(info: ServingInfo) -> None:
+            if command.ready_file is not None:
+                write_ready_file(command.ready_file, info)
+
+        await serve(settings, ready, stop)
+
+    try:
+        asyncio.run(run())
+    except RuntimeError as exc:
+        logger.error("hora-coordinator: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

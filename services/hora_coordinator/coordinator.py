@@ -1,0 +1,211 @@
+"""The coordinator: owns the jobs and applies what the transitions decide.
+
+:mod:`.state` decides; this module does: it resolves waiting Joins, queues
+messages on members' negotiation streams, writes log lines, and runs the
+periodic lease and stall check. Everything here runs on one asyncio event
+loop, so the state needs no locks; the HTTP routes read it on the same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from hora.v1 import negotiation_pb2 as npb
+from hora.v1 import rendezvous_pb2 as rpb
+
+from . import state
+from .errors import AlreadyOpenError, InvalidRequestError, SupersededError, UnknownError
+from .settings import CoordinatorSettings
+from .store import KeyValueStore
+
+__all__ = ["Coordinator", "Outbox", "STREAM_END"]
+
+logger = logging.getLogger("hora_coordinator")
+
+# Put on an outbox to end the stream that drains it.
+STREAM_END = None
+Outbox = asyncio.Queue  # of npb.CoordinatorMessage | None
+
+
+class Coordinator:
+    """Every job this process serves, and the effects of their transitions.
+
+    Args:
+        settings: The coordinator's settings (lease, check interval).
+        clock: Unix time in seconds; injectable so tests can drive time.
+    """
+
+    def __init__(
+        self, settings: CoordinatorSettings, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.jobs: dict[str, state.Job] = {}
+        self.stores: dict[str, KeyValueStore] = {}
+        self.serving = False
+        self.closing = False
+        self._lease_s = settings.lease.total_seconds()
+        self._joins: dict[tuple[str, str], asyncio.Future[rpb.WorldView]] = {}
+        self._outboxes: dict[tuple[str, str], Outbox] = {}
+        self._open_streams: set[tuple[str, str, int]] = set()
+
+    # ---- lookups ----------------------------------------------------------------------
+
+    def job(self, job_id: str) -> state.Job:
+        """The job named ``job_id``.
+
+        Raises:
+            UnknownError: no Join has named it yet.
+        """
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise UnknownError(f"unknown job '{job_id}' (a job exists once a worker joins it)")
+        return job
+
+    def store(self, job_id: str) -> KeyValueStore:
+        """The store of job ``job_id``; raises UnknownError for an unknown job."""
+        self.job(job_id)
+        return self.stores[job_id]
+
+    # ---- rendezvous -------------------------------------------------------------------
+
+    async def join(self, request: rpb.JoinRequest) -> rpb.WorldView:
+        """Waits until the world of the next generation gathers; this worker's view.
+
+        Cancelling the call (the caller's deadline) forgets the joiner.
+        """
+        job = self.jobs.get(request.job_id)
+        if job is None:
+            if not request.job_id:
+                raise InvalidRequestError("job_id must not be empty")
+            job = self.jobs[request.job_id] = state.new_job(request.job_id, self.clock())
+            self.stores[request.job_id] = KeyValueStore(request.job_id)
+        key = (job.job_id, request.worker_id)
+        previous = self._joins.pop(key, None)
+        if previous is not None and not previous.done():
+            previous.set_exception(
+                SupersededError(f"a newer Join from worker {request.worker_id} replaced this one")
+            )
+        waiter: asyncio.Future[rpb.WorldView] = asyncio.get_running_loop().create_future()
+        self._joins[key] = waiter
+        try:
+            self.apply(job, state.join(job, request, self.clock()))
+        except BaseException:
+            if self._joins.get(key) is waiter:
+                del self._joins[key]
+            raise
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if self._joins.get(key) is waiter:
+                del self._joins[key]
+                self.apply(job, state.cancel_join(job, request.worker_id))
+            raise
+
+    def leave(self, job_id: str, worker_id: str, reason: str) -> None:
+        """A worker leaves on purpose (idempotent)."""
+        job = self.job(job_id)
+        self.apply(job, state.leave(job, worker_id, reason, self.clock()))
+
+    def heartbeat(self, job_id: str, worker_id: str) -> rpb.HeartbeatResponse:
+        """Renews a member's lease."""
+        job = self.job(job_id)
+        return state.heartbeat(job, worker_id, self.clock(), self._lease_s)
+
+    def get_world(self, job_id: str, worker_id: str) -> rpb.WorldView:
+        """A member's current view."""
+        return state.get_world(self.job(job_id), worker_id)
+
+    # ---- negotiation ------------------------------------------------------------------
+
+    def open_stream(self, job_id: str, worker_id: str, generation: int) -> Outbox:
+        """Admits a member's negotiation stream; the outbox it must drain.
+
+        Raises:
+            AlreadyOpenError: the member already has a stream in this generation.
+        """
+        job = self.job(job_id)
+        state.open_stream(job, worker_id, generation, self.clock())
+        stream_key = (job_id, worker_id, generation)
+        if stream_key in self._open_streams:
+            raise AlreadyOpenError(
+                f"worker {worker_id} already has a negotiation stream for "
+                f"job '{job_id}' generation {generation}"
+            )
+        self._open_streams.add(stream_key)
+        return self._outboxes.setdefault((job_id, worker_id), asyncio.Queue())
+
+    def requests(
+        self, job_id: str, worker_id: str, generation: int, requests: npb.RequestList
+    ) -> None:
+        """One RequestList arrived on a member's stream (the hot path)."""
+        job = self.jobs[job_id]
+        self.apply(job, state.handle_requests(job, worker_id, generation, requests, self.clock()))
+
+    def stream_closed(self, job_id: str, worker_id: str, generation: int) -> None:
+        """A member's stream ended; unless it left first, the member is lost."""
+        self._open_streams.discard((job_id, worker_id, generation))
+        if self.closing:
+            return  # our own shutdown cancels every stream; nobody was lost
+        job = self.jobs[job_id]
+        self.apply(job, state.stream_closed(job, worker_id, generation, self.clock()))
+
+    # ---- periodic check ---------------------------------------------------------------
+
+    def check(self) -> None:
+        """Expires leases and reports stalled tensors of every running job."""
+        now = self.clock()
+        for job in list(self.jobs.values()):
+            if job.phase is state.JobPhase.RUNNING:
+                self.apply(job, state.check(job, now, self._lease_s))
+
+    async def run_checks(self) -> None:
+        """Runs :meth:`check` every ``stall_check_interval`` until cancelled."""
+        interval = self.settings.stall_check_interval.total_seconds()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.check()
+            except Exception:  # a bug in one check must not stop every later one
+                logger.exception("periodic check failed")
+
+    # ---- doing ------------------------------------------------------------------------
+
+    def apply(self, job: state.Job, effects: Iterable[state.Effect]) -> None:
+        """Carries out what a transition decided, in order."""
+        for effect in effects:
+            if isinstance(effect, state.Send):
+                for worker_id in effect.worker_ids:
+                    outbox = self._outboxes.get((job.job_id, worker_id))
+                    if outbox is not None:
+                        outbox.put_nowait(effect.message)
+            elif isinstance(effect, state.Admit):
+                self._settle(job.job_id, effect.worker_id, effect.view, None)
+            elif isinstance(effect, state.Reject):
+                self._settle(job.job_id, effect.worker_id, None, effect.error)
+            elif isinstance(effect, state.NewGeneration):
+                # Fresh outboxes: a stream of the old generation keeps (and drains) its own.
+                for worker_id in effect.worker_ids:
+                    self._outboxes[(job.job_id, worker_id)] = asyncio.Queue()
+            elif isinstance(effect, state.Log):
+                logger.log(effect.level, effect.message)
+
+    def _settle(
+        self, job_id: str, worker_id: str, view: rpb.WorldView | None, error: Exception | None
+    ) -> None:
+        waiter = self._joins.pop((job_id, worker_id), None)
+        if waiter is None or waiter.done():
+            return
+        if error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(view)
+
+    def end_streams(self) -> None:
+        """Asks every open stream to finish (shutdown)."""
+        self.closing = True
+        for outbox in self._outboxes.values():
+            outbox.put_nowait(STREAM_END)

@@ -1,0 +1,80 @@
+"""The errors the coordinator raises on purpose, typed by what went wrong.
+
+    CoordinatorError
+     +-- InvalidRequestError        the request contradicts the job (INVALID_ARGUMENT)
+     |    +-- RoundFullError        the next round already has every joiner it needs
+     +-- UnknownError               a job, worker or key does not exist (NOT_FOUND)
+     +-- PreconditionError          the job is not in a state that allows it
+     |    |                         (FAILED_PRECONDITION)
+     |    +-- JobFailedError        the job failed; carries the failure reason
+     |    +-- StaleGenerationError  the caller names a generation that is not current
+     +-- AlreadyOpenError           a second negotiation stream for a member (ALREADY_EXISTS)
+     +-- SupersededError           a retried Join replaced this one (ABORTED)
+     +-- KeyTimeoutError           store keys did not arrive in time (DEADLINE_EXCEEDED)
+     +-- AuthenticationError       the job token is missing or wrong (UNAUTHENTICATED)
+
+The state transitions and the store raise these; the gRPC layer turns them
+into status codes in exactly one place (``servicer.status_for``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyOpenError",
+    "AuthenticationError",
+    "CoordinatorError",
+    "InvalidRequestError",
+    "JobFailedError",
+    "KeyTimeoutError",
+    "PreconditionError",
+    "RoundFullError",
+    "StaleGenerationError",
+    "SupersededError",
+    "UnknownError",
+]
+
+
+class CoordinatorError(Exception):
+    """Root of every error the coordinator raises on purpose."""
+
+
+class InvalidRequestError(CoordinatorError):
+    """Raised when a request contradicts the job: a size that differs from the
+    one the first joiner set, a rank hint out of range or taken twice, a
+    malformed first stream message, a store value that is not an integer."""
+
+
+class RoundFullError(InvalidRequestError):
+    """Raised when a Join arrives for a round that already has all its joiners."""
+
+
+class UnknownError(CoordinatorError):
+    """Raised when a job, a member or a store key does not exist."""
+
+
+class PreconditionError(CoordinatorError):
+    """Raised when the job's state does not allow the operation."""
+
+
+class JobFailedError(PreconditionError):
+    """Raised for Join and stream opens on a job that failed; the message is the failure."""
+
+
+class StaleGenerationError(PreconditionError):
+    """Raised when a worker names a generation that is not the job's current one."""
+
+
+class AlreadyOpenError(CoordinatorError):
+    """Raised when a member opens a second negotiation stream in one generation."""
+
+
+class SupersededError(CoordinatorError):
+    """Raised to a pending Join that a retry with the same worker id replaced."""
+
+
+class KeyTimeoutError(CoordinatorError):
+    """Raised when store keys are not set before the request's timeout; names them."""
+
+
+class AuthenticationError(CoordinatorError):
+    """Raised when a call carries no job token or the wrong one."""

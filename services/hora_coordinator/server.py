@@ -1,0 +1,283 @@
+"""Running the coordinator: gRPC and HTTP servers on one event loop.
+
+:func:`serve` runs until its stop event is set. :class:`EmbeddedCoordinator`
+runs the same thing in a daemon thread with its own loop; the launcher
+``horarun`` embeds a coordinator this way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import uvicorn
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from .coordinator import Coordinator
+from .http import create_app
+from .servicer import TokenAuthInterceptor, add_servicers
+from .settings import CoordinatorSettings
+
+__all__ = ["EmbeddedCoordinator", "ServingInfo", "create_grpc_server", "format_address", "serve"]
+
+logger = logging.getLogger("hora_coordinator")
+
+_SERVICE_NAMES = ("hora.v1.Rendezvous", "hora.v1.Store", "hora.v1.Negotiation")
+
+
+@dataclass(frozen=True)
+class ServingInfo:
+    """Where a started coordinator listens.
+
+    Attributes:
+        host: Bound address.
+        grpc_port: Bound gRPC port.
+        http_port: Bound HTTP port.
+        token: The job token calls must carry.
+        pid: The serving process.
+    """
+
+    host: str
+    grpc_port: int
+    http_port: int
+    token: str
+    pid: int
+
+    @property
+    def grpc_address(self) -> str:
+        """``HOST:PORT`` for gRPC channels."""
+        return format_address(self.host, self.grpc_port)
+
+    @property
+    def http_url(self) -> str:
+        """``http://HOST:PORT`` of the HTTP API."""
+        return f"http://{format_address(self.host, self.http_port)}"
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, with IPv6 hosts bracketed."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def create_grpc_server(coordinator: Coordinator, address: str) -> tuple[grpc.aio.Server, int]:
+    """A gRPC server for ``coordinator`` bound to ``address`` (port 0: a free one).
+
+    Returns:
+        The server (not started) and its bound port.
+
+    Raises:
+        RuntimeError: the address cannot be bound.
+    """
+    server = grpc.aio.server(
+        interceptors=[TokenAuthInterceptor(coordinator.settings.token)],
+        options=[("grpc.so_reuseport", 0)],
+    )
+    add_servicers(server, coordinator)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server.health_servicer = health_servicer  # type: ignore[attr-defined]
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise RuntimeError(f"cannot bind gRPC to {address} (in use?): {exc}") from exc
+    return server, port
+
+
+class _UvicornServer(uvicorn.Server):
+    # The caller owns signals; uvicorn must neither catch nor re-raise them.
+    def capture_signals(self):  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
+async def _set_health(server: grpc.aio.Server, serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", *_SERVICE_NAMES):
+        await server.health_servicer.set(name, status)  # type: ignore[attr-defined]
+
+
+async def serve(
+    settings: CoordinatorSettings,
+    ready: Callable[[ServingInfo], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serves until ``stop`` is set (forever if None).
+
+    Args:
+        settings: Settings; an empty token is replaced by a random one.
+        ready: Called once, on the loop, when both servers accept connections.
+        stop: Set it to shut down cleanly.
+
+    Raises:
+        RuntimeError: a port cannot be bound or the HTTP server did not start.
+    """
+    settings = settings.with_token()
+    stop = stop or asyncio.Event()
+    coordinator = Coordinator(settings)
+    grpc_server, grpc_port = create_grpc_server(
+        coordinator, format_address(settings.host, settings.grpc_port)
+    )
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((settings.host, settings.http_port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(
+            f"cannot bind HTTP to {settings.host}:{settings.http_port}: {exc}"
+        ) from exc
+    http_port = sock.getsockname()[1]
+    http = _UvicornServer(
+        uvicorn.Config(
+            create_app(coordinator),
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+        )
+    )
+    await grpc_server.start()
+    http_task = asyncio.create_task(http.serve(sockets=[sock]))
+    checks: asyncio.Task[None] | None = None
+    try:
+        while not http.started:
+            if http_task.done():
+                raise RuntimeError("the HTTP server did not start") from http_task.exception()
+            await asyncio.sleep(0.005)
+        await _set_health(grpc_server, True)
+        coordinator.serving = True
+        checks = asyncio.create_task(coordinator.run_checks())
+        info = ServingInfo(settings.host, grpc_port, http_port, settings.token, os.getpid())
+        logger.info("hora-coordinator: gRPC on %s, HTTP on %s", info.grpc_address, info.http_url)
+        if ready is not None:
+            ready(info)
+        await stop.wait()
+    finally:
+        coordinator.serving = False
+        if checks is not None:
+            checks.cancel()
+        coordinator.end_streams()
+        await grpc_server.stop(grace=1.0)
+        http.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(http_task, timeout=5.0)
+        sock.close()
+        logger.info("hora-coordinator: stopped")
+
+
+class EmbeddedCoordinator:
+    """A coordinator serving from a daemon thread of this process.
+
+    Example::
+
+        c = EmbeddedCoordinator(CoordinatorSettings(lease=timedelta(seconds=5)))
+        c.start()                 # blocks until serving
+        channel = grpc.insecure_channel(c.grpc_address)
+        ...
+        c.stop()
+
+    Args:
+        settings: Settings; an empty token is replaced by a random one now,
+            so ``token`` is known before ``start``.
+    """
+
+    def __init__(self, settings: CoordinatorSettings | None = None) -> None:
+        self.settings = (settings or CoordinatorSettings()).with_token()
+        self._info: ServingInfo | None = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    def start(self, timeout: float = 30.0) -> EmbeddedCoordinator:
+        """Starts serving and blocks until both servers accept connections.
+
+        Raises:
+            RuntimeError: it failed to start, or did not within ``timeout`` seconds.
+        """
+        if self._thread is not None:
+            raise RuntimeError("EmbeddedCoordinator already started")
+        self._thread = threading.Thread(target=self._run, name="hora-coordinator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError(f"the embedded coordinator did not start within {timeout} s")
+        if self._info is None:
+            raise RuntimeError(
+                f"the embedded coordinator failed to start: {self._error}"
+            ) from self._error
+        return self
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            await serve(self.settings, self._on_ready, self._stop)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            self._error = exc
+            if self._info is not None:  # before serving, start() raises it instead
+                logger.exception("embedded coordinator stopped with an error")
+        finally:
+            self._ready.set()
+
+    def _on_ready(self, info: ServingInfo) -> None:
+        self._info = info
+        self._ready.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stops serving and waits for the thread (idempotent)."""
+        loop, stop, thread = self._loop, self._stop, self._thread
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                loop.call_soon_threadsafe(stop.set)
+        if thread is not None:
+            thread.join(timeout)
+
+    def __enter__(self) -> EmbeddedCoordinator:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _serving(self) -> ServingInfo:
+        if self._info is None:
+            raise RuntimeError("EmbeddedCoordinator is not started")
+        return self._info
+
+    @property
+    def grpc_port(self) -> int:
+        """Bound gRPC port."""
+        return self._serving().grpc_port
+
+    @property
+    def http_port(self) -> int:
+        """Bound HTTP port."""
+        return self._serving().http_port
+
+    @property
+    def grpc_address(self) -> str:
+        """``HOST:PORT`` for gRPC channels, e.g. ``127.0.0.1:50051``."""
+        return self._serving().grpc_address
+
+    @property
+    def http_url(self) -> str:
+        """``http://HOST:PORT`` of the HTTP API."""
+        return self._serving().http_url
+
+    @property
+    def token(self) -> str:
+        """The job token every gRPC call must carry."""
+        return self.settings.token

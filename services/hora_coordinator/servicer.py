@@ -1,0 +1,278 @@
+"""gRPC adapters: thin servicers over :class:`~.coordinator.Coordinator`, and auth.
+
+This module is the one place coordinator errors become gRPC status codes
+(:func:`status_for`). Servicers translate requests into coordinator calls and
+do nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from hora.v1 import (
+    negotiation_pb2,
+    negotiation_pb2_grpc,
+    rendezvous_pb2,
+    rendezvous_pb2_grpc,
+    store_pb2,
+    store_pb2_grpc,
+)
+
+from .coordinator import STREAM_END, Coordinator
+from .errors import (
+    AlreadyOpenError,
+    AuthenticationError,
+    CoordinatorError,
+    InvalidRequestError,
+    KeyTimeoutError,
+    PreconditionError,
+    SupersededError,
+    UnknownError,
+)
+
+__all__ = [
+    "NegotiationServicer",
+    "RendezvousServicer",
+    "StoreServicer",
+    "TOKEN_METADATA_KEY",
+    "TokenAuthInterceptor",
+    "add_servicers",
+    "status_for",
+]
+
+logger = logging.getLogger("hora_coordinator")
+
+TOKEN_METADATA_KEY = "hora-token"
+_PROTECTED_PREFIX = "/hora.v1."
+
+# Most specific first: status_for walks it in order.
+_STATUS: tuple[tuple[type[CoordinatorError], grpc.StatusCode], ...] = (
+    (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (UnknownError, grpc.StatusCode.NOT_FOUND),
+    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (AlreadyOpenError, grpc.StatusCode.ALREADY_EXISTS),
+    (SupersededError, grpc.StatusCode.ABORTED),
+    (KeyTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+)
+
+
+def status_for(error: CoordinatorError) -> grpc.StatusCode:
+    """The gRPC status code for a coordinator error (INTERNAL for an unmapped one)."""
+    for kind, code in _STATUS:
+        if isinstance(error, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: CoordinatorError) -> None:
+    await context.abort(status_for(error), str(error))
+
+
+_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
+
+
+def _mapped(method: _F) -> _F:
+    """Turns CoordinatorError raised by a servicer method into its status code."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except CoordinatorError as exc:
+            await _abort(context, exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
+    """hora.v1.Rendezvous over a Coordinator."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._c = coordinator
+
+    @_mapped
+    async def Join(self, request, context):  # noqa: N802 (gRPC method names)
+        return rendezvous_pb2.JoinResponse(world=await self._c.join(request))
+
+    @_mapped
+    async def Leave(self, request, context):  # noqa: N802
+        self._c.leave(request.job_id, request.worker_id, request.reason)
+        return rendezvous_pb2.LeaveResponse()
+
+    @_mapped
+    async def Heartbeat(self, request, context):  # noqa: N802
+        return self._c.heartbeat(request.job_id, request.worker_id)
+
+    @_mapped
+    async def GetWorld(self, request, context):  # noqa: N802
+        return rendezvous_pb2.JoinResponse(
+            world=self._c.get_world(request.job_id, request.worker_id)
+        )
+
+
+class StoreServicer(store_pb2_grpc.StoreServicer):
+    """hora.v1.Store over the coordinator's per-job stores."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._c = coordinator
+
+    @_mapped
+    async def Set(self, request, context):  # noqa: N802
+        self._c.store(request.job_id).set(request.key, request.value)
+        return store_pb2.StoreSetResponse()
+
+    @_mapped
+    async def Get(self, request, context):  # noqa: N802
+        value = await self._c.store(request.job_id).get(request.key, request.timeout_ms / 1000.0)
+        return store_pb2.StoreGetResponse(value=value)
+
+    @_mapped
+    async def Add(self, request, context):  # noqa: N802
+        value = self._c.store(request.job_id).add(request.key, request.amount)
+        return store_pb2.StoreAddResponse(value=value)
+
+    @_mapped
+    async def Wait(self, request, context):  # noqa: N802
+        await self._c.store(request.job_id).wait(list(request.keys), request.timeout_ms / 1000.0)
+        return store_pb2.StoreWaitResponse()
+
+    @_mapped
+    async def CompareSet(self, request, context):  # noqa: N802
+        value = self._c.store(request.job_id).compare_set(
+            request.key, request.expected, request.desired
+        )
+        return store_pb2.StoreCompareSetResponse(value=value)
+
+    @_mapped
+    async def Delete(self, request, context):  # noqa: N802
+        existed = self._c.store(request.job_id).delete(request.key)
+        return store_pb2.StoreDeleteResponse(existed=existed)
+
+
+class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
+    """hora.v1.Negotiation: one bidirectional stream per member and generation.
+
+    A reader task feeds incoming request lists to the coordinator; this
+    coroutine drains the member's outbox onto the stream. Whichever way the
+    stream ends (client half-close, cancel, error), the coordinator hears of
+    it exactly once through ``stream_closed``.
+    """
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._c = coordinator
+
+    @_mapped
+    async def Negotiate(self, request_iterator, context):  # noqa: N802
+        first = await _first_message(request_iterator)
+        if first is None or first.WhichOneof("kind") != "open":
+            raise InvalidRequestError("the first message of a negotiation stream must be `open`")
+        job_id, worker_id, generation = (
+            first.open.job_id,
+            first.open.worker_id,
+            first.open.generation,
+        )
+        outbox = self._c.open_stream(job_id, worker_id, generation)
+        coordinator = self._c
+
+        async def read() -> None:
+            try:
+                async for message in request_iterator:
+                    if message.WhichOneof("kind") == "requests":
+                        coordinator.requests(job_id, worker_id, generation, message.requests)
+            except (grpc.aio.AioRpcError, asyncio.CancelledError):
+                pass  # the stream broke: treated below as closed
+            except Exception:  # a coordinator bug: end this stream loudly, keep serving
+                logger.exception(
+                    "negotiation stream of worker %s in job '%s' failed", worker_id, job_id
+                )
+            finally:
+                outbox.put_nowait(STREAM_END)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                message = await outbox.get()
+                if message is STREAM_END:
+                    break
+                await context.write(message)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            self._c.stream_closed(job_id, worker_id, generation)
+
+
+async def _first_message(request_iterator: Any) -> negotiation_pb2.WorkerMessage | None:
+    try:
+        return await request_iterator.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses hora.v1 calls without the right ``hora-token`` metadata.
+
+    Other services (grpc.health.v1) pass through untouched, so that probes
+    need no secret.
+    """
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not method.startswith(_PROTECTED_PREFIX):
+            return handler
+        sent = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == TOKEN_METADATA_KEY:
+                sent = value
+                break
+        if sent is None:
+            problem = (
+                f"missing job token: send the coordinator's token in metadata key "
+                f"'{TOKEN_METADATA_KEY}'"
+            )
+        elif not secrets.compare_digest(
+            sent.encode() if isinstance(sent, str) else bytes(sent), self._token
+        ):
+            problem = f"wrong job token in metadata key '{TOKEN_METADATA_KEY}'"
+        else:
+            return handler
+        return _refusal(handler, method, problem)
+
+
+def _refusal(handler: grpc.RpcMethodHandler, method: str, problem: str) -> grpc.RpcMethodHandler:
+    async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        logger.warning("refused %s from %s: %s", method, context.peer(), problem)
+        await _abort(context, AuthenticationError(problem))
+
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(
+        refuse,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def add_servicers(server: grpc.aio.Server, coordinator: Coordinator) -> None:
+    """Mounts Rendezvous, Store and Negotiation on ``server``."""
+    rendezvous_pb2_grpc.add_RendezvousServicer_to_server(RendezvousServicer(coordinator), server)
+    store_pb2_grpc.add_StoreServicer_to_server(StoreServicer(coordinator), server)
+    negotiation_pb2_grpc.add_NegotiationServicer_to_server(NegotiationServicer(coordinator), server)

@@ -1,0 +1,143 @@
+"""Coordinator settings: the one place its configuration is read.
+
+Flags win over the environment; the environment is read once, here. The
+token comes from ``--token`` or ``HORA_TOKEN``; when neither is given a random
+one is generated at start (:meth:`CoordinatorSettings.with_token`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+__all__ = ["CommandLine", "CoordinatorSettings", "build_parser", "parse_command_line"]
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """Everything the coordinator needs, with defaults in one place.
+
+    Attributes:
+        host: Address both servers bind to.
+        grpc_port: gRPC port; 0 picks a free one.
+        http_port: HTTP port; 0 picks a free one.
+        token: Job token every gRPC call must carry; empty means "generate one".
+        lease: How long a member stays alive without a heartbeat or stream message.
+        stall_check_interval: Period of the background check for expired leases
+            and stalled tensors.
+        log_level: Name of a :mod:`logging` level.
+    """
+
+    host: str = "127.0.0.1"
+    grpc_port: int = 0
+    http_port: int = 0
+    token: str = ""
+    lease: timedelta = timedelta(seconds=10)
+    stall_check_interval: timedelta = timedelta(seconds=1)
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        for name in ("grpc_port", "http_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{name} must be in [0, 65535], got {port}")
+        for name in ("lease", "stall_check_interval"):
+            if getattr(self, name) <= timedelta(0):
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.log_level.upper() not in _LOG_LEVELS:
+            raise ValueError(
+                f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}"
+            )
+
+    def with_token(self) -> CoordinatorSettings:
+        """These settings, with a fresh random token when none was given."""
+        if self.token:
+            return self
+        return dataclasses.replace(self, token=secrets.token_hex(16))
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """What ``hora-coordinator`` was asked to do.
+
+    Attributes:
+        settings: The coordinator's settings.
+        ready_file: Where to write the ready JSON once serving, if anywhere.
+    """
+
+    settings: CoordinatorSettings
+    ready_file: Path | None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``hora-coordinator`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="hora-coordinator",
+        description="Serve hora's rendezvous, store and negotiation (gRPC) and job state (HTTP).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    parser.add_argument("--grpc-port", type=int, default=0, help="gRPC port, 0 for a free one")
+    parser.add_argument("--http-port", type=int, default=0, help="HTTP port, 0 for a free one")
+    parser.add_argument(
+        "--token", default=None, help="job token (default: $HORA_TOKEN, else a random one)"
+    )
+    parser.add_argument(
+        "--lease-s",
+        type=float,
+        default=10.0,
+        help="seconds a member lives without a heartbeat (default %(default)s)",
+    )
+    parser.add_argument(
+        "--stall-check-interval-s",
+        type=float,
+        default=1.0,
+        help="seconds between lease and stall checks (default %(default)s)",
+    )
+    parser.add_argument(
+        "--ready-file",
+        type=Path,
+        default=None,
+        help="write {grpc_port, http_port, pid, token} as JSON here once serving",
+    )
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=_LOG_LEVELS,
+        default=None,
+        help="logging level (default: $HORA_LOG_LEVEL, else INFO)",
+    )
+    return parser
+
+
+def parse_command_line(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> CommandLine:
+    """Parses flags, falling back to ``HORA_TOKEN`` and ``HORA_LOG_LEVEL``.
+
+    Bad values end in argparse's usage error (exit status 2), never a traceback.
+    """
+    env = os.environ if environ is None else environ
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    log_level = args.log_level or env.get("HORA_LOG_LEVEL", "").upper() or "INFO"
+    try:
+        settings = CoordinatorSettings(
+            host=args.host,
+            grpc_port=args.grpc_port,
+            http_port=args.http_port,
+            token=args.token if args.token is not None else env.get("HORA_TOKEN", ""),
+            lease=timedelta(seconds=args.lease_s),
+            stall_check_interval=timedelta(seconds=args.stall_check_interval_s),
+            log_level=log_level,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    return CommandLine(settings=settings, ready_file=args.ready_file)

@@ -1,0 +1,125 @@
+"""The per-job key-value store that bootstraps the data plane.
+
+Waits are event-driven: a waiter parks on a future that the Set/Add/CompareSet
+of its key resolves, so Gloo's bootstrap (many small Set/Get pairs) costs no
+polling. Runs on the coordinator's event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from .errors import InvalidRequestError, KeyTimeoutError, UnknownError
+
+__all__ = ["KeyValueStore"]
+
+
+class KeyValueStore:
+    """Keys are strings, values bytes; integers for Add are decimal ASCII."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self._data: dict[str, bytes] = {}
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def set(self, key: str, value: bytes) -> None:
+        """Sets ``key`` and wakes everyone waiting for it."""
+        self._data[key] = value
+        waiters = self._waiters.pop(key, None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def get_now(self, key: str) -> bytes:
+        """The value of ``key``.
+
+        Raises:
+            UnknownError: the key is not set.
+        """
+        try:
+            return self._data[key]
+        except KeyError:
+            raise UnknownError(f"key '{key}' is not set in job '{self.job_id}'") from None
+
+    async def get(self, key: str, timeout_s: float) -> bytes:
+        """The value of ``key``, waiting up to ``timeout_s`` for it (0: answer at once).
+
+        Raises:
+            UnknownError: ``timeout_s`` is 0 and the key is not set.
+            KeyTimeoutError: the key was not set in time.
+        """
+        if key in self._data or timeout_s <= 0:
+            return self.get_now(key)
+        await self.wait([key], timeout_s)
+        return self._data[key]
+
+    async def wait(self, keys: Sequence[str], timeout_s: float) -> None:
+        """Returns once every key is set.
+
+        Raises:
+            KeyTimeoutError: some keys were still missing after ``timeout_s``;
+                the message names them.
+        """
+        missing = [k for k in keys if k not in self._data]
+        if not missing:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout_s)
+        for key in missing:
+            while key not in self._data:  # a Delete after the Set may unset it again
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise self._timeout(keys, timeout_s)
+                fut: asyncio.Future[None] = loop.create_future()
+                self._waiters.setdefault(key, set()).add(fut)
+                try:
+                    await asyncio.wait_for(fut, remaining)
+                except asyncio.TimeoutError:
+                    raise self._timeout(keys, timeout_s) from None
+                finally:
+                    waiters = self._waiters.get(key)
+                    if waiters is not None:
+                        waiters.discard(fut)
+                        if not waiters:
+                            del self._waiters[key]
+
+    def _timeout(self, keys: Sequence[str], timeout_s: float) -> KeyTimeoutError:
+        missing = [k for k in keys if k not in self._data]
+        names = ", ".join(f"'{k}'" for k in missing)
+        noun = "key" if len(missing) == 1 else "keys"
+        return KeyTimeoutError(
+            f"{noun} {names} of job '{self.job_id}' not set within {timeout_s * 1000:.0f} ms"
+        )
+
+    def add(self, key: str, amount: int) -> int:
+        """Adds ``amount`` to the integer at ``key`` (0 when absent); the new value.
+
+        Raises:
+            InvalidRequestError: the stored value is not a decimal integer.
+        """
+        raw = self._data.get(key, b"0")
+        try:
+            value = int(raw.decode("ascii")) + amount
+        except (UnicodeDecodeError, ValueError):
+            raise InvalidRequestError(
+                f"key '{key}' holds {raw[:32]!r}, which is not a decimal integer"
+            ) from None
+        self.set(key, str(value).encode("ascii"))
+        return value
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Sets ``desired`` when the value equals ``expected`` (empty: absent); the value now."""
+        current = self._data.get(key)
+        if (current is None and expected == b"") or (current is not None and current == expected):
+            self.set(key, desired)
+            return desired
+        return current if current is not None else b""
+
+    def delete(self, key: str) -> bool:
+        """Deletes ``key``; whether it existed."""
+        return self._data.pop(key, None) is not None
