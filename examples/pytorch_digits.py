@@ -110,9 +110,7 @@ def main():
             loss.backward()
             optimizer.step()
             if batch_idx % args.log_interval == 0 and hvd.rank() == 0:
-                print("Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}".format(
-                    epoch, batch_idx * len(data), len(train_sampler),
-                    100.0 * batch_idx / len(train_loader), loss.item()))
+                print(f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_sampler)} ({100.0 * batch_idx / len(train_loader):.0f}%)]\tLoss: {loss.item():.6f}")
         # Horovod: save checkpoints only on worker 0 to prevent other workers from corrupting them.
         if hvd.rank() == 0:
             os.makedirs(args.checkpoint_dir, exist_ok=True)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from hora_native import BackendError, ReduceKind, backend_for_device, create_backend
 
 from ._client import CoordinatorClient, NegotiationStream

@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+
 from hora.runner.args import parse_address, parse_args
 from hora.runner.env import worker_environment
 from hora.runner.hosts import (

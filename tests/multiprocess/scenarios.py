@@ -285,6 +285,9 @@ def after_mismatch_still_works():
 
 def duplicate_name():
     x = torch.ones(10)
+    if hvd.rank() != 0:
+        # Keeps rank 0's first "dup" in flight while it submits the second.
+        time.sleep(1.0)
     handle = hvd.allreduce_async(x, name="dup")
     try:
         hvd.allreduce_async(x, name="dup")

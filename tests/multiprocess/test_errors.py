@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from tests.support.workers import collect, describe, run_workers, start_workers
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
@@ -46,8 +47,8 @@ def test_mismatch_fails_only_that_tensor(shared_coordinator):
 
 def test_duplicate_in_flight_name_is_a_value_error(shared_coordinator):
     results = run_workers(shared_coordinator, 2, SCENARIOS, "duplicate_name")
-    for r in results:
-        assert r.value is not None and "'dup'" in r.value and "in flight" in r.value
+    message = results[0].value
+    assert message is not None and "'dup'" in message and "in flight" in message
 
 
 def test_dead_rank_makes_the_others_raise_quickly(shared_coordinator):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from tests.support.workers import run_workers
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]

@@ -250,10 +250,7 @@ def _op(op: ReduceOp | None, average: bool | None) -> ReduceOp:
         return ReduceOp.AVERAGE if average else ReduceOp.SUM
     if op is None:
         return ReduceOp.AVERAGE
-    op = ReduceOp(op)
-    if op == ReduceOp.ADASUM:
-        raise NotImplementedError("op=hvd.Adasum is not available yet")
-    return op
+    return ReduceOp(op)
 
 
 def _submit(entry: Entry) -> int:
@@ -299,10 +296,13 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      process_set: ProcessSet = global_process_set) -> int:
     """Starts an in-place allreduce of ``tensor``; returns a handle."""
     tensor = _cpu_contiguous(tensor)
+    op = _op(op, average)
+    if op == ReduceOp.ADASUM:
+        return _adasum_async_(tensor, _name(name, "allreduce"), prescale_factor,
+                              postscale_factor, process_set)
     buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
     return _submit(_allreduce_entry(tensor, buffer, _name(name, "allreduce"),
-                                    _op(op, average), prescale_factor, postscale_factor,
-                                    process_set))
+                                    op, prescale_factor, postscale_factor, process_set))
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -365,6 +365,44 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     return compression.decompress(reduced, ctx)
 
 
+class _AdasumHandle(Handle):
+    """Adasum over a gathered tensor: combined by the Adasum rule when waited on."""
+
+    __slots__ = ("inner", "target", "pre", "post")
+
+    def __init__(self, inner: Handle, target: torch.Tensor, pre: float, post: float) -> None:
+        super().__init__(inner.name)
+        self.inner, self.target, self.pre, self.post = inner, target, pre, post
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        from .adasum import adasum_reduce
+
+        gathered = self.inner.wait(timeout)
+        combined = adasum_reduce(list(gathered * self.pre if self.pre != 1.0 else gathered))
+        if self.post != 1.0:
+            combined = combined * self.post
+        with torch.no_grad():
+            self.target.copy_(combined.reshape(self.target.shape))
+        return self.target
+
+
+def _adasum_async_(tensor: torch.Tensor, name: str, prescale_factor: float,
+                   postscale_factor: float, process_set: ProcessSet) -> int:
+    if not tensor.is_floating_point():
+        raise TypeError(f"op=hvd.Adasum needs a floating point tensor, got {tensor.dtype}")
+    # Every rank gathers every rank's tensor and applies the Adasum tree
+    # locally: the same result everywhere, at O(size) memory per tensor.
+    flat = tensor.detach().reshape(1, -1).contiguous()
+    entry = Entry(name=name, op_type=OpType.ALLGATHER, buffer=flat, handle=Handle(name),
+                  process_set_id=_check_process_set(process_set))
+    inner = _runtime.current().engine.enqueue(entry)
+    return _register(_AdasumHandle(inner, tensor, float(prescale_factor),
+                                   float(postscale_factor)))
+
+
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
                              name: str | None = None, op: ReduceOp | None = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -373,6 +411,9 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
     op = _op(op, average)
+    if op == ReduceOp.ADASUM:
+        raise ValueError("grouped_allreduce does not support op=hvd.Adasum; reduce the "
+                         "tensors one by one")
     base = _name(name, "grouped_allreduce")
     runtime = _runtime.current()
     # Derived from the name so that every rank computes the same id.
