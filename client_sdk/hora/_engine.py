@@ -40,7 +40,6 @@ from .errors import (
     HoraError,
     HorovodInternalError,
     RankLostError,
-    StallError,
     TensorMismatchError,
 )
 from .settings import Settings
@@ -303,8 +302,8 @@ class Engine:
     def _execute(self, response: negotiation_pb2.Response) -> None:
         entries = self._take(response.tensor_names)
         if response.type == negotiation_pb2.RESPONSE_TYPE_ERROR:
-            error_cls = (RankLostError if "shut down" in response.error_message
-                         else StallError if "stall" in response.error_message
+            error_cls = (RankLostError
+                         if response.error_kind == negotiation_pb2.ERROR_KIND_RANK_GONE
                          else TensorMismatchError)
             for entry in entries:
                 entry.handle.set_error(error_cls(response.error_message))

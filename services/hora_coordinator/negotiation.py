@@ -187,12 +187,15 @@ class _ReadyError:
 _Ready = _ReadyTensor | _ReadyGroup | _ReadyError
 
 
-def _error(names: Iterable[str], process_set_id: int, message: str) -> pb.Response:
+def _error(
+    names: Iterable[str], process_set_id: int, message: str, kind: int = pb.ERROR_KIND_MISMATCH
+) -> pb.Response:
     return pb.Response(
         type=pb.RESPONSE_TYPE_ERROR,
         tensor_names=list(names),
         process_set_id=process_set_id,
         error_message=message,
+        error_kind=kind,
     )
 
 
@@ -398,7 +401,10 @@ class NegotiationTable:
                 if broken is not None:
                     outcome.direct.append(
                         _error(
-                            [req.name], pset.id, f"tensor '{req.name}' cannot complete: {broken}"
+                            [req.name],
+                            pset.id,
+                            f"tensor '{req.name}' cannot complete: {broken}",
+                            pb.ERROR_KIND_RANK_GONE,
                         )
                     )
                     continue
@@ -535,6 +541,7 @@ class NegotiationTable:
                 [tensor.name],
                 tensor.process_set.id,
                 f"tensor '{tensor.name}' cannot complete: {reason}",
+                pb.ERROR_KIND_RANK_GONE,
             )
             for submitter in tensor.submissions:
                 out.setdefault(submitter, []).append(response)
@@ -551,6 +558,7 @@ class NegotiationTable:
                     [tensor.name],
                     tensor.process_set.id,
                     f"tensor '{tensor.name}' cannot complete: {reason}",
+                    pb.ERROR_KIND_RANK_GONE,
                 )
                 for member in tensor.process_set.ranks:
                     if member != rank:

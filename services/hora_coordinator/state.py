@@ -703,6 +703,7 @@ def handle_requests(
                 tensor_names=[r.name],
                 process_set_id=r.process_set_id,
                 error_message=f"tensor '{r.name}' cannot run: {why}",
+                error_kind=npb.ERROR_KIND_RANK_GONE,
             )
             for r in requests.requests
         ]

@@ -38,6 +38,12 @@ class ResponseType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESPONSE_TYPE_BARRIER: _ClassVar[ResponseType]
     RESPONSE_TYPE_ERROR: _ClassVar[ResponseType]
 
+class ErrorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_KIND_UNSPECIFIED: _ClassVar[ErrorKind]
+    ERROR_KIND_MISMATCH: _ClassVar[ErrorKind]
+    ERROR_KIND_RANK_GONE: _ClassVar[ErrorKind]
+
 class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     EVENT_TYPE_UNSPECIFIED: _ClassVar[EventType]
@@ -67,6 +73,9 @@ RESPONSE_TYPE_ALLTOALL: ResponseType
 RESPONSE_TYPE_REDUCESCATTER: ResponseType
 RESPONSE_TYPE_BARRIER: ResponseType
 RESPONSE_TYPE_ERROR: ResponseType
+ERROR_KIND_UNSPECIFIED: ErrorKind
+ERROR_KIND_MISMATCH: ErrorKind
+ERROR_KIND_RANK_GONE: ErrorKind
 EVENT_TYPE_UNSPECIFIED: EventType
 EVENT_TYPE_MEMBER_LOST: EventType
 EVENT_TYPE_MEMBER_LEFT: EventType
@@ -128,20 +137,22 @@ class WorkerMessage(_message.Message):
     def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., requests: _Optional[_Union[RequestList, _Mapping]] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("type", "tensor_names", "process_set_id", "first_dims", "splits", "error_message")
+    __slots__ = ("type", "tensor_names", "process_set_id", "first_dims", "splits", "error_message", "error_kind")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_NAMES_FIELD_NUMBER: _ClassVar[int]
     PROCESS_SET_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_DIMS_FIELD_NUMBER: _ClassVar[int]
     SPLITS_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     type: ResponseType
     tensor_names: _containers.RepeatedScalarFieldContainer[str]
     process_set_id: int
     first_dims: _containers.RepeatedScalarFieldContainer[int]
     splits: _containers.RepeatedScalarFieldContainer[int]
     error_message: str
-    def __init__(self, type: _Optional[_Union[ResponseType, str]] = ..., tensor_names: _Optional[_Iterable[str]] = ..., process_set_id: _Optional[int] = ..., first_dims: _Optional[_Iterable[int]] = ..., splits: _Optional[_Iterable[int]] = ..., error_message: _Optional[str] = ...) -> None: ...
+    error_kind: ErrorKind
+    def __init__(self, type: _Optional[_Union[ResponseType, str]] = ..., tensor_names: _Optional[_Iterable[str]] = ..., process_set_id: _Optional[int] = ..., first_dims: _Optional[_Iterable[int]] = ..., splits: _Optional[_Iterable[int]] = ..., error_message: _Optional[str] = ..., error_kind: _Optional[_Union[ErrorKind, str]] = ...) -> None: ...
 
 class ResponseList(_message.Message):
     __slots__ = ("responses",)
