@@ -16,6 +16,7 @@ class OpType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OP_TYPE_ALLTOALL: _ClassVar[OpType]
     OP_TYPE_REDUCESCATTER: _ClassVar[OpType]
     OP_TYPE_BARRIER: _ClassVar[OpType]
+    OP_TYPE_JOIN: _ClassVar[OpType]
 
 class ReduceOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -37,6 +38,7 @@ class ResponseType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESPONSE_TYPE_REDUCESCATTER: _ClassVar[ResponseType]
     RESPONSE_TYPE_BARRIER: _ClassVar[ResponseType]
     RESPONSE_TYPE_ERROR: _ClassVar[ResponseType]
+    RESPONSE_TYPE_JOIN: _ClassVar[ResponseType]
 
 class ErrorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -58,6 +60,7 @@ OP_TYPE_BROADCAST: OpType
 OP_TYPE_ALLTOALL: OpType
 OP_TYPE_REDUCESCATTER: OpType
 OP_TYPE_BARRIER: OpType
+OP_TYPE_JOIN: OpType
 REDUCE_OP_UNSPECIFIED: ReduceOp
 REDUCE_OP_AVERAGE: ReduceOp
 REDUCE_OP_SUM: ReduceOp
@@ -73,6 +76,7 @@ RESPONSE_TYPE_ALLTOALL: ResponseType
 RESPONSE_TYPE_REDUCESCATTER: ResponseType
 RESPONSE_TYPE_BARRIER: ResponseType
 RESPONSE_TYPE_ERROR: ResponseType
+RESPONSE_TYPE_JOIN: ResponseType
 ERROR_KIND_UNSPECIFIED: ErrorKind
 ERROR_KIND_MISMATCH: ErrorKind
 ERROR_KIND_RANK_GONE: ErrorKind
@@ -81,6 +85,40 @@ EVENT_TYPE_MEMBER_LOST: EventType
 EVENT_TYPE_MEMBER_LEFT: EventType
 EVENT_TYPE_JOB_FAILED: EventType
 EVENT_TYPE_STALL_WARNING: EventType
+
+class AddProcessSetRequest(_message.Message):
+    __slots__ = ("job_id", "worker_id", "generation", "process_set_id", "ranks")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    worker_id: str
+    generation: int
+    process_set_id: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., process_set_id: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AddProcessSetResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RemoveProcessSetRequest(_message.Message):
+    __slots__ = ("job_id", "worker_id", "generation", "process_set_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    worker_id: str
+    generation: int
+    process_set_id: int
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., process_set_id: _Optional[int] = ...) -> None: ...
+
+class RemoveProcessSetResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class TensorRequest(_message.Message):
     __slots__ = ("name", "op_type", "dtype", "shape", "device", "reduce_op", "root_rank", "prescale_factor", "postscale_factor", "process_set_id", "splits", "group_id", "group_size")
@@ -137,7 +175,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., requests: _Optional[_Union[RequestList, _Mapping]] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("type", "tensor_names", "process_set_id", "first_dims", "splits", "error_message", "error_kind")
+    __slots__ = ("type", "tensor_names", "process_set_id", "first_dims", "splits", "error_message", "error_kind", "join_fill", "last_joined_rank")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_NAMES_FIELD_NUMBER: _ClassVar[int]
     PROCESS_SET_ID_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +183,8 @@ class Response(_message.Message):
     SPLITS_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
+    JOIN_FILL_FIELD_NUMBER: _ClassVar[int]
+    LAST_JOINED_RANK_FIELD_NUMBER: _ClassVar[int]
     type: ResponseType
     tensor_names: _containers.RepeatedScalarFieldContainer[str]
     process_set_id: int
@@ -152,7 +192,9 @@ class Response(_message.Message):
     splits: _containers.RepeatedScalarFieldContainer[int]
     error_message: str
     error_kind: ErrorKind
-    def __init__(self, type: _Optional[_Union[ResponseType, str]] = ..., tensor_names: _Optional[_Iterable[str]] = ..., process_set_id: _Optional[int] = ..., first_dims: _Optional[_Iterable[int]] = ..., splits: _Optional[_Iterable[int]] = ..., error_message: _Optional[str] = ..., error_kind: _Optional[_Union[ErrorKind, str]] = ...) -> None: ...
+    join_fill: _containers.RepeatedCompositeFieldContainer[TensorRequest]
+    last_joined_rank: int
+    def __init__(self, type: _Optional[_Union[ResponseType, str]] = ..., tensor_names: _Optional[_Iterable[str]] = ..., process_set_id: _Optional[int] = ..., first_dims: _Optional[_Iterable[int]] = ..., splits: _Optional[_Iterable[int]] = ..., error_message: _Optional[str] = ..., error_kind: _Optional[_Union[ErrorKind, str]] = ..., join_fill: _Optional[_Iterable[_Union[TensorRequest, _Mapping]]] = ..., last_joined_rank: _Optional[int] = ...) -> None: ...
 
 class ResponseList(_message.Message):
     __slots__ = ("responses",)

@@ -39,6 +39,16 @@ class NegotiationStub:
                 request_serializer=hora_dot_v1_dot_negotiation__pb2.WorkerMessage.SerializeToString,
                 response_deserializer=hora_dot_v1_dot_negotiation__pb2.CoordinatorMessage.FromString,
                 _registered_method=True)
+        self.AddProcessSet = channel.unary_unary(
+                '/hora.v1.Negotiation/AddProcessSet',
+                request_serializer=hora_dot_v1_dot_negotiation__pb2.AddProcessSetRequest.SerializeToString,
+                response_deserializer=hora_dot_v1_dot_negotiation__pb2.AddProcessSetResponse.FromString,
+                _registered_method=True)
+        self.RemoveProcessSet = channel.unary_unary(
+                '/hora.v1.Negotiation/RemoveProcessSet',
+                request_serializer=hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetRequest.SerializeToString,
+                response_deserializer=hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetResponse.FromString,
+                _registered_method=True)
 
 
 class NegotiationServicer:
@@ -54,6 +64,29 @@ class NegotiationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddProcessSet(self, request, context):
+        """Registers a process set of the caller's generation. Every rank of the
+        world calls it with the same id and ranks (hvd.add_process_set is
+        collective); the first call registers the set and the others confirm
+        it, so a rank's later requests on the set find it registered.
+        Errors: INVALID_ARGUMENT for id 0, ranks that are empty, unsorted,
+        repeated or outside [0, size), or an id already registered with other
+        ranks; FAILED_PRECONDITION for a caller that is not an active member of
+        that generation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveProcessSet(self, request, context):
+        """Removes a process set (idempotent). Its pending tensors fail with an
+        ERROR response ("process set N was removed"); later requests on it get
+        the unknown-process-set error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NegotiationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +94,16 @@ def add_NegotiationServicer_to_server(servicer, server):
                     servicer.Negotiate,
                     request_deserializer=hora_dot_v1_dot_negotiation__pb2.WorkerMessage.FromString,
                     response_serializer=hora_dot_v1_dot_negotiation__pb2.CoordinatorMessage.SerializeToString,
+            ),
+            'AddProcessSet': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddProcessSet,
+                    request_deserializer=hora_dot_v1_dot_negotiation__pb2.AddProcessSetRequest.FromString,
+                    response_serializer=hora_dot_v1_dot_negotiation__pb2.AddProcessSetResponse.SerializeToString,
+            ),
+            'RemoveProcessSet': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveProcessSet,
+                    request_deserializer=hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetRequest.FromString,
+                    response_serializer=hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +133,60 @@ class Negotiation:
             '/hora.v1.Negotiation/Negotiate',
             hora_dot_v1_dot_negotiation__pb2.WorkerMessage.SerializeToString,
             hora_dot_v1_dot_negotiation__pb2.CoordinatorMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddProcessSet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hora.v1.Negotiation/AddProcessSet',
+            hora_dot_v1_dot_negotiation__pb2.AddProcessSetRequest.SerializeToString,
+            hora_dot_v1_dot_negotiation__pb2.AddProcessSetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveProcessSet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hora.v1.Negotiation/RemoveProcessSet',
+            hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetRequest.SerializeToString,
+            hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetResponse.FromString,
             options,
             channel_credentials,
             insecure,
