@@ -207,6 +207,20 @@ class CoordinatorClient:
 
     # -- negotiation ---------------------------------------------------------
 
+    def add_process_set(self, generation: int, process_set_id: int, ranks: list[int]) -> None:
+        request = negotiation_pb2.AddProcessSetRequest(
+            job_id=self.job_id, worker_id=self.worker_id, generation=generation,
+            process_set_id=process_set_id, ranks=ranks)
+        self._call("add process set", self._negotiation.AddProcessSet, request,
+                   self.settings.connect_timeout)
+
+    def remove_process_set(self, generation: int, process_set_id: int) -> None:
+        request = negotiation_pb2.RemoveProcessSetRequest(
+            job_id=self.job_id, worker_id=self.worker_id, generation=generation,
+            process_set_id=process_set_id)
+        self._call("remove process set", self._negotiation.RemoveProcessSet, request,
+                   self.settings.connect_timeout)
+
     def open_stream(self, generation: int) -> NegotiationStream:
         return NegotiationStream(self, generation)
 

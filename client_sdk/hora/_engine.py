@@ -147,6 +147,32 @@ def _scale(tensor: torch.Tensor, factor: float) -> None:
         tensor.copy_(tensor.to(torch.float64).mul_(factor).trunc_())
 
 
+@dataclasses.dataclass(eq=False)
+class _SetGroup:
+    """One process set as this rank sees it: its ranks, our place, its data planes."""
+
+    id: int
+    ranks: tuple[int, ...]
+    index: int | None  # our position in ``ranks``; None when we are not a member
+    backends: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+# Values a joined rank contributes to an allreduce: the identity of the reduction.
+def _identity(op: ReduceOp, dtype: torch.dtype) -> float | int | bool:
+    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        return 0
+    if op == ReduceOp.PRODUCT:
+        return 1
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    if op == ReduceOp.MIN:
+        return float("inf") if dtype.is_floating_point else info.max
+    return float("-inf") if dtype.is_floating_point else info.min
+
+
 class Engine:
     """Negotiates and runs the collectives of one worker in one generation.
 
@@ -170,10 +196,12 @@ class Engine:
         self._exec_queue: queue.SimpleQueue[list[negotiation_pb2.Response] | None] = (
             queue.SimpleQueue())
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-        self._backends: dict[str, Any] = {}
+        self._sets: dict[int, _SetGroup] = {
+            0: _SetGroup(0, tuple(range(world.size)), world.rank)}
+        self._join: Entry | None = None
         store = CoordinatorStore(client, settings.start_timeout)
         self._store = dist.PrefixStore(world.store_prefix, store)
-        self._backend("cpu")  # every rank builds the CPU data plane at init, together
+        self._backend("cpu", self._sets[0])  # every rank builds the CPU data plane at init
         self._stream: NegotiationStream = client.open_stream(world.generation)
         self._threads = [
             threading.Thread(target=self._read_loop, name="hora-reader", daemon=True),
@@ -200,11 +228,47 @@ class Engine:
                     f"a tensor named {entry.name!r} is already in flight on rank {self.rank}; "
                     f"names must be unique among pending operations")
             self._pending[entry.name] = entry
+            if entry.op_type == OpType.JOIN:
+                self._join = entry
         self._stream.send(entry.request())
         return entry.handle
 
     def failure(self) -> HoraError | None:
         return self._failure
+
+    def process_set(self, process_set_id: int) -> _SetGroup:
+        """The registered process set ``process_set_id``.
+
+        Raises:
+            ValueError: no such set was added.
+        """
+        found = self._sets.get(process_set_id)
+        if found is None:
+            raise ValueError(f"process set {process_set_id} has not been added "
+                             f"(or was removed); call hvd.add_process_set first")
+        return found
+
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None:
+        """Registers a set with the coordinator and builds its CPU data plane.
+
+        Every rank calls this together; the members' process group forms
+        only once all of them have called it.
+        """
+        ranks = tuple(sorted(ranks))
+        self._client.add_process_set(self.world.generation, process_set_id, list(ranks))
+        group = _SetGroup(process_set_id, ranks,
+                          ranks.index(self.rank) if self.rank in ranks else None)
+        self._sets[process_set_id] = group
+        if group.index is not None:
+            self._backend("cpu", group)
+
+    def remove_process_set(self, process_set_id: int) -> None:
+        group = self._sets.pop(process_set_id, None)
+        if group is None:
+            return
+        self._client.remove_process_set(self.world.generation, process_set_id)
+        for backend in group.backends.values():
+            backend.close()
 
     # -- failure ------------------------------------------------------------
 
@@ -300,7 +364,17 @@ class Engine:
             return [self._pending.pop(name) for name in names if name in self._pending]
 
     def _execute(self, response: negotiation_pb2.Response) -> None:
+        if response.type == negotiation_pb2.RESPONSE_TYPE_JOIN:
+            with self._lock:
+                join, self._join = self._join, None
+                if join is not None:
+                    self._pending.pop(join.name, None)
+            if join is not None:
+                self._finish(join, response.last_joined_rank)
+            return
         entries = self._take(response.tensor_names)
+        if response.join_fill and len(entries) < len(response.tensor_names):
+            entries = self._fill_for_join(response, entries)
         if response.type == negotiation_pb2.RESPONSE_TYPE_ERROR:
             error_cls = (RankLostError
                          if response.error_kind == negotiation_pb2.ERROR_KIND_RANK_GONE
@@ -313,20 +387,20 @@ class Engine:
                 f"rank {self.rank} got a response for tensors it does not have pending: "
                 f"{list(response.tensor_names)}")
         op = _RESPONSE_OP[response.type]
-        backend = self._backend(entries[0].buffer.device.type)
-        set_size = self.size
+        group = self.process_set(response.process_set_id)
+        backend = self._backend(entries[0].buffer.device.type, group)
         if op == OpType.ALLREDUCE:
-            self._allreduce(backend, entries, set_size)
+            self._allreduce(backend, entries, group.size)
         elif op == OpType.ALLGATHER:
-            self._allgather(backend, entries, response.first_dims, set_size)
+            self._allgather(backend, entries, response.first_dims, group.size)
         elif op == OpType.BROADCAST:
             entry = entries[0]
-            backend.broadcast(entry.buffer, entry.root_rank)
+            backend.broadcast(entry.buffer, group.ranks.index(entry.root_rank))
             self._finish(entry, entry.buffer)
         elif op == OpType.ALLTOALL:
-            self._alltoall(backend, entries[0], response.splits, set_size)
+            self._alltoall(backend, entries[0], response.splits, group)
         elif op == OpType.REDUCESCATTER:
-            self._reducescatter(backend, entries[0], set_size)
+            self._reducescatter(backend, entries[0], group)
         elif op == OpType.BARRIER:
             backend.barrier()
             self._finish(entries[0], None)
@@ -334,15 +408,39 @@ class Engine:
     def _finish(self, entry: Entry, value: Any) -> None:
         entry.handle.set_result(entry.result(value) if entry.result else value)
 
-    def _backend(self, device_type: str) -> Any:
+    def _fill_for_join(self, response: negotiation_pb2.Response,
+                       entries: list[Entry]) -> list[Entry]:
+        """Stand-ins for tensors this joined rank never submitted: identity values."""
+        have = {e.name: e for e in entries}
+        filled = []
+        for name, meta in zip(response.tensor_names, response.join_fill, strict=True):
+            entry = have.get(name)
+            if entry is None:
+                dtype = getattr(torch, meta.dtype)
+                op = ReduceOp(meta.reduce_op)
+                buffer = torch.full(tuple(meta.shape), _identity(op, dtype), dtype=dtype,
+                                    device=meta.device or "cpu")
+                entry = Entry(name=name, op_type=OpType.ALLREDUCE, buffer=buffer,
+                              handle=Handle(name), reduce_op=op,
+                              prescale_factor=meta.prescale_factor,
+                              postscale_factor=meta.postscale_factor,
+                              process_set_id=meta.process_set_id)
+            filled.append(entry)
+        return filled
+
+    def _backend(self, device_type: str, group: _SetGroup) -> Any:
         name = backend_for_device(device_type)
-        backend = self._backends.get(name)
+        backend = group.backends.get(name)
         if backend is None:
+            if group.index is None:
+                raise HorovodInternalError(
+                    f"rank {self.rank} got work for process set {group.id}, which it is not in")
+            prefix = f"{name}/" if group.id == 0 else f"set{group.id}/{name}/"
             backend = create_backend(
-                name, dist.PrefixStore(f"{name}/", self._store), self.rank, self.size,
+                name, dist.PrefixStore(prefix, self._store), group.index, group.size,
                 self.settings.collective_timeout, self.world.members[self.rank].data_plane_address
                 or self.settings.data_plane_address)
-            self._backends[name] = backend
+            group.backends[name] = backend
         return backend
 
     def _fusion_buffer(self, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
@@ -389,8 +487,9 @@ class Engine:
             backend.allgatherv(output, tensor, counts)
             self._finish(entry, output)
 
-    def _alltoall(self, backend: Any, entry: Entry, matrix: Sequence[int], set_size: int) -> None:
-        me = self.rank
+    def _alltoall(self, backend: Any, entry: Entry, matrix: Sequence[int],
+                  group: _SetGroup) -> None:
+        me, set_size = group.index, group.size
         send = [int(matrix[me * set_size + s]) for s in range(set_size)]
         recv = [int(matrix[r * set_size + me]) for r in range(set_size)]
         tensor = entry.buffer
@@ -398,14 +497,15 @@ class Engine:
         backend.alltoallv(output, tensor, recv, send)
         self._finish(entry, (output, torch.tensor(recv, dtype=torch.int32)))
 
-    def _reducescatter(self, backend: Any, entry: Entry, set_size: int) -> None:
+    def _reducescatter(self, backend: Any, entry: Entry, group: _SetGroup) -> None:
+        set_size = group.size
         tensor = entry.buffer
         counts = split_rows(tensor.shape[0], set_size)
         post = entry.postscale_factor
         if entry.reduce_op == ReduceOp.AVERAGE:
             post /= set_size
         _scale(tensor, entry.prescale_factor)
-        output = tensor.new_empty((counts[self.rank],) + tuple(tensor.shape[1:]))
+        output = tensor.new_empty((counts[group.index],) + tuple(tensor.shape[1:]))
         backend.reducescatter(output, tensor, _NATIVE_REDUCE[entry.reduce_op], counts)
         _scale(output, post)
         self._finish(entry, output)
@@ -423,6 +523,7 @@ class Engine:
         deadline = time.monotonic() + timeout.total_seconds()
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        for backend in self._backends.values():
-            backend.close()
-        self._backends.clear()
+        for group in self._sets.values():
+            for backend in group.backends.values():
+                backend.close()
+            group.backends.clear()

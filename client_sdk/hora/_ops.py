@@ -33,6 +33,7 @@ class OpType(enum.IntEnum):
     ALLTOALL = 4
     REDUCESCATTER = 5
     BARRIER = 6
+    JOIN = 7
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -46,6 +46,8 @@ class Runtime:
             self._stop_local_coordinator()
             raise
         self._names = itertools.count()
+        # Ranks add process sets in the same order, so the same counter gives the same ids.
+        self.next_process_set_id = 1
 
     def _start_local_coordinator(self, settings: Settings) -> Settings:
         """A script started without horarun runs as a world of one, like Horovod's."""

@@ -340,3 +340,166 @@ def use_before_init():
     except ValueError as exc:
         return str(exc)
     return None
+
+
+# -- process sets and join -------------------------------------------------------
+
+
+def process_sets():
+    """At 3 ranks: sets [0, 2] and [1] side by side, then back to the global set."""
+    rank = hvd.rank()
+    even = hvd.add_process_set([0, 2])
+    odd = hvd.add_process_set(hvd.ProcessSet([1]))
+    mine, other = (even, odd) if rank in (0, 2) else (odd, even)
+    x = torch.ones(3) * (rank + 1)
+    out = {"sizes": (mine.size(), mine.rank(), mine.included(), other.included())}
+    # The same names in both sets at once: each set negotiates its own.
+    out["sum"] = hvd.allreduce(x, op=hvd.Sum, name="ps.sum", process_set=mine)
+    out["avg"] = hvd.allreduce(x, name="ps.avg", process_set=mine)
+    out["allgather"] = hvd.allgather(torch.full((rank + 1, 2), float(rank)), name="ps.ag",
+                                     process_set=mine)
+    out["broadcast"] = hvd.broadcast(x, root_rank=mine.ranks[-1], name="ps.bc",
+                                     process_set=mine)
+    out["alltoall"] = hvd.alltoall(torch.arange(2.0 * mine.size()) + 10 * rank, name="ps.a2a",
+                                   process_set=mine)
+    out["reducescatter"] = hvd.reducescatter(torch.ones(4, 1) * (rank + 1), op=hvd.Sum,
+                                             name="ps.rs", process_set=mine)
+    out["grouped"] = hvd.grouped_allreduce([x, x * 2], op=hvd.Sum, name="ps.grp",
+                                           process_set=mine)
+    try:
+        hvd.allreduce(x, name="ps.bad", process_set=other)
+    except ValueError as exc:
+        out["not_member"] = str(exc)
+    out["global"] = hvd.allreduce(x, op=hvd.Sum, name="ps.global")
+    out["removed"] = (hvd.remove_process_set(even), hvd.remove_process_set(odd))
+    try:
+        hvd.allreduce(x, name="ps.after", process_set=mine)
+    except ValueError as exc:
+        out["after_remove"] = str(exc)
+    return out
+
+
+def uneven_join(op_name: str):
+    """Rank r has 2 * (r + 1) batches; whoever runs out joins."""
+    rank, size = hvd.rank(), hvd.size()
+    results = []
+    for step in range(2 * (rank + 1)):
+        results.append(hvd.allreduce(torch.ones(2) * (rank + 1), name=f"step.{step}",
+                                     op=getattr(hvd, op_name)))
+    last = hvd.join()
+    # After everyone joined, collectives work as before.
+    after = hvd.allreduce(torch.ones(1), name="after.join", op=hvd.Sum)
+    return results, last, after, size
+
+
+def uneven_training_then_join():
+    """DistributedOptimizer with uneven data: join, then take the last rank's model."""
+    rank = hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(3 + 2 * rank):
+        opt.zero_grad()
+        model(torch.randn(8, 4, generator=gen)).pow(2).mean().backward()
+        opt.step()
+    last = hvd.join()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    return last, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+# -- DistributedOptimizer variants -------------------------------------------------
+
+
+class EmbeddingNet(torch.nn.Module):
+    def __init__(self, sparse: bool):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 4, sparse=sparse)
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, idx):
+        return self.fc(self.emb(idx).mean(1))
+
+
+def variant_batches(size: int, steps: int):
+    gen = torch.Generator().manual_seed(99)
+    idx = torch.randint(0, 20, (steps, 4 * size, 5), generator=gen)
+    target = torch.randint(0, 3, (steps, 4 * size), generator=gen)
+    return idx, target
+
+
+def train_variant(variant: str, steps: int = 3):
+    """One DistributedOptimizer feature at a time; returns the final parameters."""
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    sparse = variant in ("sparse", "sparse_as_dense")
+    model = EmbeddingNet(sparse=sparse)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    kwargs = {"named_parameters": model.named_parameters()}
+    if variant == "groups":
+        kwargs["groups"] = 2
+    elif variant == "explicit_groups":
+        kwargs["groups"] = [[model.fc.weight, model.fc.bias]]
+    elif variant == "bf16":
+        kwargs["compression"] = hvd.Compression.bf16
+    elif variant == "sparse_as_dense":
+        kwargs["sparse_as_dense"] = True
+    elif variant == "predivide":
+        kwargs["gradient_predivide_factor"] = 2.0
+    opt = hvd.DistributedOptimizer(opt, **kwargs)
+    idx, target = variant_batches(size, steps)
+    for step in range(steps):
+        opt.zero_grad()
+        mine = slice(rank * 4, (rank + 1) * 4)
+        loss = torch.nn.functional.cross_entropy(model(idx[step, mine]), target[step, mine])
+        loss.backward()
+        if variant == "skip_synchronize":
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 100.0)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def optimizer_misuse():
+    model = torch.nn.Linear(3, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    out = {}
+    model(torch.ones(2, 3)).sum().backward()
+    try:
+        opt.zero_grad()
+    except AssertionError as exc:
+        out["zero_grad"] = str(exc)
+    try:
+        with opt.skip_synchronize():
+            opt.step()
+    except RuntimeError as exc:
+        out["skip"] = str(exc)
+    opt.step()
+    try:
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[("w", model.weight), ("w", model.bias)])
+    except ValueError as exc:
+        out["dupes"] = str(exc)
+    return out
+
+
+def adasum_optimizer_step():
+    """One SGD step with op=Adasum: every rank applies start + adasum(delta_0, delta_1, ...)."""
+    rank = hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    x = torch.full((4, 3), float(rank + 1)) + torch.arange(3.0) * (rank - 0.5)
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    opt.step()
+    return start, grads, {k: v.clone() for k, v in model.state_dict().items()}

@@ -27,7 +27,7 @@ HOROVOD_TORCH = {
 }
 
 # Names that later issues bring (process sets, join, SyncBatchNorm, elastic).
-NOT_YET = {"join", "add_process_set", "remove_process_set", "elastic"}
+NOT_YET = {"elastic"}
 
 
 def test_every_horovod_name_is_exported_except_the_planned_ones():

@@ -32,7 +32,7 @@ __all__ = [
     "allgather", "allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "barrier", "poll", "synchronize",
+    "barrier", "join", "poll", "synchronize", "add_process_set", "remove_process_set",
     "gloo_built", "gloo_enabled", "nccl_built", "mpi_built", "mpi_enabled", "ccl_built",
     "cuda_built", "rocm_built", "ddl_built", "mpi_threads_supported",
 ]
@@ -48,28 +48,45 @@ Product = ReduceOp.PRODUCT
 class ProcessSet:
     """A subset of ranks that runs collectives among themselves.
 
-    Only the global set exists until process sets land; it is accepted
-    everywhere Horovod accepts ``process_set=``.
+    Create one with the ranks it holds and register it on every rank with
+    :func:`add_process_set` (or ``hvd.init(process_sets=[...])``); then pass
+    it as ``process_set=`` to any collective. Ranks are global ranks, also
+    for ``root_rank``.
     """
 
     def __init__(self, ranks: Sequence[int] | None = None) -> None:
-        self.ranks = list(ranks) if ranks is not None else None
-        self.process_set_id: int | None = 0 if ranks is None else None
+        self.ranks: list[int] | None = sorted(int(r) for r in ranks) if ranks is not None \
+            else None
+        self.process_set_id: int | None = None
+
+    def _resolved_ranks(self) -> list[int]:
+        return list(range(size())) if self.ranks is None else self.ranks
 
     def size(self) -> int:
-        return size() if self.ranks is None else len(self.ranks)
+        """Number of ranks in the set."""
+        return len(self._resolved_ranks())
 
     def rank(self) -> int:
-        return rank() if self.ranks is None else self.ranks.index(rank())
+        """This process's position in the set.
+
+        Raises:
+            ValueError: this process is not in the set.
+        """
+        ranks = self._resolved_ranks()
+        if rank() not in ranks:
+            raise ValueError(f"rank {rank()} is not in {self}")
+        return ranks.index(rank())
 
     def included(self) -> bool:
-        return self.ranks is None or rank() in self.ranks
+        """Whether this process is in the set."""
+        return rank() in self._resolved_ranks()
 
     def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
 
 global_process_set = ProcessSet()
+global_process_set.process_set_id = 0
 
 
 # -- lifecycle and world --------------------------------------------------
@@ -83,8 +100,52 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     """
     if comm is not None:
         raise ValueError("hora does not run over MPI: call hvd.init() without a communicator")
-    del process_sets
     _runtime.init()
+    for process_set in process_sets or ():
+        add_process_set(process_set)
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Registers a process set; every rank of the world must call it, in the same order.
+
+    Returns:
+        The registered set (the one given, or a new one for a list of ranks).
+
+    Raises:
+        ValueError: the ranks are out of range, or ranks passed different sets.
+    """
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError(f"{process_set} has already been added")
+    ranks = process_set.ranks
+    world = size()
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world for r in ranks):
+        raise ValueError(f"process set ranks {ranks} must be distinct ranks in [0, {world})")
+    runtime = _runtime.current()
+    proposal = (runtime.next_process_set_id, ranks)
+    from .functions import allgather_object
+
+    proposals = allgather_object(proposal, name=f"add_process_set.{proposal[0]}")
+    if any(p != proposal for p in proposals):
+        detail = "; ".join(f"rank {r}: {p[1]}" for r, p in enumerate(proposals))
+        raise ValueError(f"ranks called add_process_set with different sets: {detail}")
+    runtime.engine.add_process_set(proposal[0], ranks)
+    runtime.next_process_set_id += 1
+    process_set.process_set_id = proposal[0]
+    return process_set
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregisters a process set on every rank (all ranks call it). Returns whether it existed."""
+    if process_set is global_process_set or process_set.process_set_id == 0:
+        raise ValueError("the global process set cannot be removed")
+    if process_set.process_set_id is None:
+        return False
+    barrier()
+    _runtime.current().engine.remove_process_set(process_set.process_set_id)
+    process_set.process_set_id = None
+    return True
 
 
 def shutdown() -> None:
@@ -236,9 +297,12 @@ def synchronize(handle: int) -> Any:
 
 
 def _check_process_set(process_set: ProcessSet) -> int:
-    if process_set is not global_process_set and process_set.ranks is not None:
-        raise NotImplementedError("process sets other than the global set are not available yet")
-    return 0
+    if process_set.process_set_id is None:
+        raise ValueError(f"{process_set} has not been added; call hvd.add_process_set first")
+    if process_set.process_set_id != 0 and not process_set.included():
+        raise ValueError(f"rank {rank()} is not in {process_set}; only its members may run "
+                         f"collectives on it")
+    return process_set.process_set_id
 
 
 def _op(op: ReduceOp | None, average: bool | None) -> ReduceOp:
@@ -520,10 +584,12 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
     return _AllgatherFunction.apply(tensor, name, process_set)
 
 
-def _check_root(root_rank: int) -> int:
+def _check_root(root_rank: int, process_set: ProcessSet) -> int:
     root_rank = int(root_rank)
     if not 0 <= root_rank < size():
         raise ValueError(f"root_rank {root_rank} is outside the world of size {size()}")
+    if process_set.ranks is not None and root_rank not in process_set.ranks:
+        raise ValueError(f"root_rank {root_rank} is not in {process_set}")
     return root_rank
 
 
@@ -534,7 +600,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
     name = _name(name, "broadcast")
     return _submit(Entry(name=name, op_type=OpType.BROADCAST, buffer=buffer,
-                         handle=Handle(name), root_rank=_check_root(root_rank),
+                         handle=Handle(name), root_rank=_check_root(root_rank, process_set),
                          process_set_id=_check_process_set(process_set),
                          result=None if buffer is tensor else _copy_back(tensor)))
 
@@ -583,11 +649,11 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     tensor = _cpu_contiguous(tensor).detach().contiguous()
     if tensor.dim() == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
-    world = size()
+    world = process_set.size()
     if splits is None:
         if tensor.shape[0] % world:
             raise ValueError(f"alltoall without splits needs a first dimension divisible by "
-                             f"the world size {world}, got {tensor.shape[0]}")
+                             f"the process set size {world}, got {tensor.shape[0]}")
         split_list = [tensor.shape[0] // world] * world
     else:
         split_list = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor)
@@ -682,6 +748,20 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
     out = _ReducescatterFunction.apply(compressed, name, op, process_set, prescale_factor,
                                        postscale_factor)
     return compression.decompress(out, cctx)
+
+
+def join(device: int = -1) -> int:
+    """Declares that this rank has no more data; returns the last rank to join.
+
+    Until every rank has joined, the other ranks' allreduces complete
+    without this one (it contributes zeros to sums and averages, and the
+    identity to min, max and product). Other collectives that need a joined
+    rank fail with a clear error.
+    """
+    del device  # Horovod's argument picks a GPU for the zeros; ours follow the tensor
+    name = _runtime.current().auto_name("join")
+    return synchronize(_submit(Entry(name=name, op_type=OpType.JOIN, buffer=torch.empty(0),
+                                     handle=Handle(name))))
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
