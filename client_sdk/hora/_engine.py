@@ -199,6 +199,7 @@ class Engine:
         self._sets: dict[int, _SetGroup] = {
             0: _SetGroup(0, tuple(range(world.size)), world.rank)}
         self._join: Entry | None = None
+        self._host_epoch: tuple[int, bool] = (0, False)
         store = CoordinatorStore(client, settings.start_timeout)
         self._store = dist.PrefixStore(world.store_prefix, store)
         self._backend("cpu", self._sets[0])  # every rank builds the CPU data plane at init
@@ -235,6 +236,10 @@ class Engine:
 
     def failure(self) -> HoraError | None:
         return self._failure
+
+    def host_update_epoch(self) -> tuple[int, bool]:
+        """The newest host-change epoch seen in heartbeats, and whether it only removed hosts."""
+        return self._host_epoch
 
     def process_set(self, process_set_id: int) -> _SetGroup:
         """The registered process set ``process_set_id``.

@@ -72,6 +72,10 @@ class Runtime:
             self._embedded.stop()
             self._embedded = None
 
+    def host_update_epoch(self) -> tuple[int, bool]:
+        """The newest host change the coordinator announced, and whether it only removed."""
+        return self.engine.host_update_epoch()
+
     def auto_name(self, op: str) -> str:
         """Names an unnamed tensor the same way on every rank (call order is the same)."""
         return f"{op}.noname.{next(self._names)}"
@@ -112,6 +116,11 @@ def current() -> Runtime:
     if runtime is None:
         raise NotInitializedError("hora has not been initialized; call hvd.init() first")
     return runtime
+
+
+def reset_limit() -> int | None:
+    """How many elastic resets a worker may go through (HORA_RESET_LIMIT), or None."""
+    return Settings.from_env().reset_limit
 
 
 def is_initialized() -> bool:

@@ -79,6 +79,8 @@ ENV_VARS: tuple[_Var, ...] = (
     _Var("cycle_time", ("HORA_CYCLE_TIME", "HOROVOD_CYCLE_TIME"), _millis,
          "milliseconds the background loop batches ready tensors"),
     _Var("log_level", ("HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL"), str, "logging level"),
+    _Var("reset_limit", ("HORA_RESET_LIMIT", "HOROVOD_RESET_LIMIT"), int,
+         "elastic resets a worker may go through (unset: no limit)"),
 )
 
 
@@ -102,6 +104,7 @@ class Settings:
     fusion_threshold: int = 128 * MiB
     cycle_time: timedelta = timedelta(milliseconds=1)
     log_level: str = "WARNING"
+    reset_limit: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -146,6 +149,8 @@ class Settings:
         out: dict[str, str] = {}
         for var in ENV_VARS:
             value = getattr(self, var.field)
+            if value is None:
+                continue
             if isinstance(value, timedelta):
                 seconds = value.total_seconds()
                 text = str(seconds * 1000.0) if var.parse is _millis else str(seconds)

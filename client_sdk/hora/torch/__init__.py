@@ -1,6 +1,7 @@
 """hora.torch: Horovod's PyTorch API on hora. ``import hora.torch as hvd``."""
 
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from . import elastic
 from .compression import Compression
 from .functions import (
     allgather_object,
@@ -71,7 +72,7 @@ __all__ = [
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank",
+    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "elastic",
     "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built",
     "gloo_enabled", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "init", "is_homogeneous", "is_initialized", "join", "local_rank",

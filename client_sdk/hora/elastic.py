@@ -1,0 +1,154 @@
+"""Elastic training, framework-neutral: state that survives a changing world.
+
+The contract users know from Horovod:
+
+- ``state.commit()`` saves a copy of the training state in memory (and
+  checks for host changes); it is the point training resumes from.
+- When a peer dies, collectives raise :class:`HorovodInternalError`: the
+  wrapped function is left, the state is restored to the last commit, the
+  worker re-joins the job (a new generation), the state is synchronised
+  from rank 0, and the function is called again.
+- When hosts are added or removed gracefully, ``commit()`` (through
+  ``check_host_updates()``) raises :class:`HostsUpdatedInterrupt` on every
+  rank at the same step: no restore is needed, only re-join and sync.
+
+:func:`run_fn` builds the retry loop; the framework layers pass the
+functions that re-join (``reset``) and broadcast objects.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .errors import HorovodInternalError, HostsUpdatedInterrupt
+
+__all__ = ["ObjectState", "State", "run_fn"]
+
+log = logging.getLogger("hora.elastic")
+
+
+class State:
+    """Training state that can be committed, restored and synchronised.
+
+    Args:
+        bcast_object: broadcasts a picklable object from rank 0.
+        get_rank: this worker's rank.
+        host_update_epoch: the newest host-change epoch this worker has seen
+            from the coordinator (0 when none).
+    """
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
+                 host_update_epoch: Callable[[], tuple[int, bool]] | None = None) -> None:
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._host_update_epoch = host_update_epoch or (lambda: (0, False))
+        self._last_host_epoch = 0
+        self._reset_callbacks: list[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Functions called after every reset (for example to rescale the learning rate)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, epoch: int, removals_only: bool) -> None:
+        """Kept for Horovod compatibility; host updates come from the coordinator."""
+
+    def commit(self) -> None:
+        """Saves the state in memory, then checks whether hosts changed.
+
+        Raises:
+            HostsUpdatedInterrupt: hosts were added or removed (on every rank
+                at once): the caller's retry loop re-joins and syncs.
+        """
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raises HostsUpdatedInterrupt on every rank when rank 0 has seen a host change."""
+        epoch, removals_only = self._host_update_epoch()
+        # Rank 0's view decides, so that every rank interrupts at the same step.
+        epoch, removals_only = self._bcast_object((epoch, removals_only))
+        if epoch > self._last_host_epoch:
+            self._last_host_epoch = epoch
+            raise HostsUpdatedInterrupt(skip_sync=removals_only)
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Called after a re-join, before the reset callbacks."""
+
+
+class ObjectState(State):
+    """State made of plain picklable attributes, e.g. ``ObjectState(epoch=0, batch=0)``."""
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
+                 host_update_epoch: Callable[[], tuple[int, bool]] | None = None,
+                 **kwargs: Any) -> None:
+        self._saved_state = dict(kwargs)
+        self._set_attrs()
+        super().__init__(bcast_object, get_rank, host_update_epoch)
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, value)
+
+    def save(self) -> None:
+        self._saved_state = {name: getattr(self, name) for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+
+def run_fn(func: Callable[..., Any], reset: Callable[[], None],
+           reset_limit: int | None = None) -> Callable[..., Any]:
+    """Wraps ``func(state, ...)`` in the elastic retry loop.
+
+    Args:
+        func: the training function; its first argument is the State.
+        reset: leaves the old world and joins the next one.
+        reset_limit: how many resets are allowed before giving up (None: no limit).
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        skip_sync = False
+        resets = 0
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError as exc:
+                log.warning("collective failed (%s); restoring the last commit", exc)
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as exc:
+                log.info("hosts changed; re-joining without a restore")
+                skip_sync = exc.skip_sync
+            resets += 1
+            if reset_limit is not None and resets > reset_limit:
+                raise HorovodInternalError(
+                    f"gave up after {reset_limit} reset(s) (reset limit reached)")
+            reset()
+            state.on_reset()
+
+    return wrapper

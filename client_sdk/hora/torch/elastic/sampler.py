@@ -1,0 +1,94 @@
+"""ElasticSampler: a distributed sampler that resumes mid-epoch in a resized world."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from ..mpi_ops import rank, size
+
+__all__ = ["ElasticSampler"]
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """Partitions a dataset among the current ranks, skipping what was already processed.
+
+    Record what each step consumed with :meth:`record_batch` (or
+    :meth:`record_indices`) before ``state.commit()``; after a reset the
+    remaining samples of the epoch are spread over the new world, so no
+    committed sample is seen twice and none is skipped.
+
+    Args:
+        dataset: the dataset to sample from.
+        shuffle: shuffle each epoch (the same permutation on every rank).
+        seed: the shuffle seed; the epoch is added to it.
+    """
+
+    def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0) -> None:
+        self.dataset = dataset
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.processed_indices: set[int] = set()
+        self.indices: list[int] = []
+        self.reset()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts epoch ``epoch``: nothing processed yet."""
+        self.epoch = epoch
+        self.processed_indices = set()
+        self.reset()
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """Marks the samples of local batch ``batch_idx`` as processed."""
+        self.record_indices(self.get_indices(batch_idx, batch_size))
+
+    def record_indices(self, indices: Any) -> None:
+        self.processed_indices.update(int(i) for i in indices)
+
+    def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
+        """The dataset indices of local batch ``batch_idx`` in the current iteration."""
+        if not self.indices:
+            self.indices = self._local_indices()
+        start = batch_idx * batch_size
+        return self.indices[start:min(start + batch_size, len(self.indices))]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epoch = state_dict["epoch"]
+        self.processed_indices = set(state_dict["processed_indices"])
+        self.reset()
+
+    def reset(self) -> None:
+        """Recomputes this rank's share for the current world and what remains."""
+        self.num_replicas = size()
+        self.rank = rank()
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = [order[i] for i in torch.randperm(len(order), generator=gen).tolist()]
+        self.remaining_indices = [i for i in order if i not in self.processed_indices]
+        self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
+        self.total_size = self.num_samples * self.num_replicas
+        self.indices = []
+
+    def _local_indices(self) -> list[int]:
+        indices = list(self.remaining_indices)
+        # Pad so every rank gets the same number of samples (same number of steps).
+        if indices:
+            while len(indices) < self.total_size:
+                indices += indices[:self.total_size - len(indices)]
+        return indices[self.rank:self.total_size:self.num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        self.indices = self._local_indices()
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return self.num_samples

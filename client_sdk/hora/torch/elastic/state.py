@@ -1,0 +1,125 @@
+"""TorchState: a model, an optimizer and plain attributes, committed and restored together."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from ... import _runtime
+from ...elastic import ObjectState as _ObjectState
+from ..functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from ..mpi_ops import rank
+from .sampler import ElasticSampler
+
+__all__ = ["ObjectState", "TorchState"]
+
+
+def _host_update_epoch() -> tuple[int, bool]:
+    return _runtime.current().host_update_epoch()
+
+
+class ObjectState(_ObjectState):
+    """Plain picklable attributes, synchronised from rank 0: ``ObjectState(epoch=0)``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(bcast_object=broadcast_object, get_rank=rank,
+                         host_update_epoch=_host_update_epoch, **kwargs)
+
+
+class _Handler:
+    """Saves, restores and synchronises one kind of stateful object."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.save()
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved)
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+
+class _ModelHandler(_Handler):
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class _OptimizerHandler(_Handler):
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class _SamplerHandler(_Handler):
+    def sync(self) -> None:
+        # What any rank processed this epoch counts as processed for all of them.
+        from ..functions import allgather_object
+
+        gathered = allgather_object(set(self.value.processed_indices))
+        state = self.value.state_dict()
+        state["processed_indices"] = set().union(*gathered)
+        self.value.load_state_dict(broadcast_object(state, root_rank=0))
+
+
+def _handler_for(value: Any) -> _Handler | None:
+    if isinstance(value, torch.nn.Module):
+        return _ModelHandler(value)
+    if isinstance(value, torch.optim.Optimizer):
+        return _OptimizerHandler(value)
+    if isinstance(value, ElasticSampler):
+        return _SamplerHandler(value)
+    return None
+
+
+class TorchState(ObjectState):
+    """The state of a PyTorch training loop.
+
+    Args:
+        model: the model; its ``state_dict`` is saved on commit and broadcast on sync.
+        optimizer: the optimizer; likewise (``broadcast_optimizer_state``).
+        **kwargs: more attributes: ElasticSamplers, modules and optimizers are
+            handled like the model; anything else must be picklable
+            (``epoch=0, batch=0``).
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
+        kwargs.update(model=model, optimizer=optimizer)
+        handlers: dict[str, _Handler] = {}
+        plain: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            handler = _handler_for(value) if value is not None else None
+            if handler is not None:
+                handlers[name] = handler
+            else:
+                plain[name] = value
+        object.__setattr__(self, "_handlers", handlers)
+        for name, handler in handlers.items():
+            object.__setattr__(self, name, handler.value)
+        super().__init__(**plain)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get("_handlers", {})
+        if name in handlers:
+            handlers[name].value = value
+        super().__setattr__(name, value)
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def sync(self) -> None:
+        for handler in self._handlers.values():
+            handler.sync()
+        super().sync()
