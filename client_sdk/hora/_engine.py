@@ -200,8 +200,10 @@ class Engine:
             0: _SetGroup(0, tuple(range(world.size)), world.rank)}
         self._join: Entry | None = None
         self._host_epoch: tuple[int, bool] = (0, False)
-        store = CoordinatorStore(client, settings.start_timeout)
-        self._store = dist.PrefixStore(world.store_prefix, store)
+        # The Python store object must outlive every C++ wrapper around it:
+        # torch's trampoline finds its methods through this reference.
+        self._coordinator_store = CoordinatorStore(client, settings.start_timeout)
+        self._store = dist.PrefixStore(world.store_prefix, self._coordinator_store)
         self._backend("cpu", self._sets[0])  # every rank builds the CPU data plane at init
         self._stream: NegotiationStream = client.open_stream(world.generation)
         self._threads = [

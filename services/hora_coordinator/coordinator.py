@@ -145,6 +145,30 @@ class Coordinator:
         job = self.jobs[job_id]
         self.apply(job, state.handle_requests(job, worker_id, generation, requests, self.clock()))
 
+    def add_process_set(self, request: npb.AddProcessSetRequest) -> None:
+        """Registers a process set of the caller's generation (idempotent)."""
+        job = self.job(request.job_id)
+        self.apply(
+            job,
+            state.add_process_set(
+                job,
+                request.worker_id,
+                request.generation,
+                request.process_set_id,
+                list(request.ranks),
+            ),
+        )
+
+    def remove_process_set(self, request: npb.RemoveProcessSetRequest) -> None:
+        """Removes a process set (idempotent); its pending tensors fail."""
+        job = self.job(request.job_id)
+        self.apply(
+            job,
+            state.remove_process_set(
+                job, request.worker_id, request.generation, request.process_set_id
+            ),
+        )
+
     def stream_closed(self, job_id: str, worker_id: str, generation: int) -> None:
         """A member's stream ended; unless it left first, the member is lost."""
         self._open_streams.discard((job_id, worker_id, generation))

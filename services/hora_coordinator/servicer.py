@@ -159,7 +159,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
 
 
 class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
-    """hora.v1.Negotiation: one bidirectional stream per member and generation.
+    """hora.v1.Negotiation: a stream per member and generation, and process set calls.
 
     A reader task feeds incoming request lists to the coordinator; this
     coroutine drains the member's outbox onto the stream. Whichever way the
@@ -209,6 +209,16 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
             self._c.stream_closed(job_id, worker_id, generation)
+
+    @_mapped
+    async def AddProcessSet(self, request, context):  # noqa: N802
+        self._c.add_process_set(request)
+        return negotiation_pb2.AddProcessSetResponse()
+
+    @_mapped
+    async def RemoveProcessSet(self, request, context):  # noqa: N802
+        self._c.remove_process_set(request)
+        return negotiation_pb2.RemoveProcessSetResponse()
 
 
 async def _first_message(request_iterator: Any) -> negotiation_pb2.WorkerMessage | None:

@@ -53,6 +53,7 @@ __all__ = [
     "Reject",
     "Round",
     "Send",
+    "add_process_set",
     "assign_ranks",
     "cancel_join",
     "check",
@@ -65,6 +66,7 @@ __all__ = [
     "new_job",
     "open_stream",
     "place",
+    "remove_process_set",
     "stream_closed",
     "world_view",
 ]
@@ -530,16 +532,7 @@ def leave(job: Job, worker_id: str, reason: str, now: float) -> list[Effect]:
     if job.phase is not JobPhase.RUNNING:
         return effects
     failed = job.table.depart(member.rank, f"{member.describe()} has shut down")
-    for rank, responses in failed.items():
-        recipient = job.members[rank]
-        if recipient.state is MemberState.ACTIVE:
-            job.errors += len(responses)
-            effects.append(
-                Send(
-                    (recipient.worker_id,),
-                    npb.CoordinatorMessage(responses=npb.ResponseList(responses=responses)),
-                )
-            )
+    effects.extend(_send_by_rank(job, failed))
     others = job.active_worker_ids()
     if others:
         effects.append(
@@ -588,6 +581,19 @@ def open_stream(job: Job, worker_id: str, generation: int, now: float) -> Member
         StaleGenerationError: ``generation`` is not the running one.
         PreconditionError: the worker is not an ACTIVE member.
     """
+    member = _active_member(job, worker_id, generation)
+    member.last_heartbeat = now
+    return member
+
+
+def _active_member(job: Job, worker_id: str, generation: int) -> Member:
+    """The ACTIVE member ``worker_id`` of running generation ``generation``, or raises.
+
+    Raises:
+        JobFailedError: the job failed.
+        StaleGenerationError: ``generation`` is not the running one.
+        PreconditionError: the worker is not an ACTIVE member.
+    """
     if job.phase is JobPhase.FAILED:
         raise JobFailedError(f"job '{job.job_id}' has failed: {job.failure}")
     if generation != job.generation or job.phase is not JobPhase.RUNNING:
@@ -601,8 +607,69 @@ def open_stream(job: Job, worker_id: str, generation: int, now: float) -> Member
             f"worker {worker_id} is not an active member of job "
             f"'{job.job_id}' generation {generation}"
         )
-    member.last_heartbeat = now
     return member
+
+
+def add_process_set(
+    job: Job, worker_id: str, generation: int, process_set_id: int, ranks: list[int]
+) -> list[Effect]:
+    """Registers a process set of the caller's generation (every rank calls it; idempotent).
+
+    Raises:
+        InvalidRequestError: id 0, bad ranks, or the id is taken by other ranks.
+        JobFailedError, StaleGenerationError, PreconditionError: the caller is
+            not an ACTIVE member of the running generation ``generation``.
+    """
+    _active_member(job, worker_id, generation)
+    if not job.table.add_process_set(process_set_id, ranks):
+        return []
+    return [
+        Log(
+            logging.INFO,
+            f"job '{job.job_id}' generation {job.generation}: process set {process_set_id} "
+            f"added with ranks {format_ranks(ranks)}",
+        )
+    ]
+
+
+def remove_process_set(
+    job: Job, worker_id: str, generation: int, process_set_id: int
+) -> list[Effect]:
+    """Removes a process set (idempotent); its pending tensors fail on their submitters.
+
+    Raises:
+        InvalidRequestError: ``process_set_id`` is 0.
+        JobFailedError, StaleGenerationError, PreconditionError: the caller is
+            not an ACTIVE member of the running generation ``generation``.
+    """
+    _active_member(job, worker_id, generation)
+    if process_set_id not in job.table.process_sets and process_set_id != 0:
+        return []
+    failed = job.table.remove_process_set(process_set_id)
+    effects: list[Effect] = [
+        Log(
+            logging.INFO,
+            f"job '{job.job_id}' generation {job.generation}: process set {process_set_id} removed",
+        )
+    ]
+    effects.extend(_send_by_rank(job, failed))
+    return effects
+
+
+def _send_by_rank(job: Job, responses_by_rank: dict[int, list[npb.Response]]) -> list[Effect]:
+    """One Send per ACTIVE recipient rank; counts the responses as errors."""
+    effects: list[Effect] = []
+    for rank, responses in responses_by_rank.items():
+        recipient = job.members[rank]
+        if recipient.state is MemberState.ACTIVE:
+            job.errors += len(responses)
+            effects.append(
+                Send(
+                    (recipient.worker_id,),
+                    npb.CoordinatorMessage(responses=npb.ResponseList(responses=responses)),
+                )
+            )
+    return effects
 
 
 def stream_closed(job: Job, worker_id: str, generation: int, now: float) -> list[Effect]:
@@ -681,7 +748,9 @@ def handle_requests(
 ) -> list[Effect]:
     """One RequestList from a member's stream: record it, answer what became ready.
 
-    This is the hot path: it costs O(tensors in the message + ranks answered).
+    This is the hot path: it costs O(tensors in the message + ranks answered),
+    times the number of joined ranks while some have joined; a join request
+    itself costs O(pending tensors).
     """
     job.negotiation_messages += 1
     member = job.by_worker.get(worker_id)
@@ -732,6 +801,14 @@ def handle_requests(
             members[r].worker_id for r in pset.ranks if members[r].state is MemberState.ACTIVE
         )
         effects.append(Send(recipients, npb.CoordinatorMessage(responses=response_list)))
+    for rank, responses in outcome.targeted.items():
+        if members[rank].state is MemberState.ACTIVE:
+            effects.append(
+                Send(
+                    (members[rank].worker_id,),
+                    npb.CoordinatorMessage(responses=npb.ResponseList(responses=responses)),
+                )
+            )
     return effects
 
 
@@ -755,7 +832,7 @@ def check(job: Job, now: float, lease_s: float) -> list[Effect]:
     for tensor in list(job.table.pending.values()):
         waited = now - tensor.first_seen
         if shutdown_s > 0 and waited > shutdown_s:
-            missing = format_ranks(tensor.missing_ranks())
+            missing = format_ranks(job.table.missing_ranks(tensor))
             failure = (
                 f"tensor '{tensor.name}' stalled for {waited:.1f} s; missing ranks: "
                 f"{missing} (stall shutdown time {shutdown_s:g} s)"
@@ -768,7 +845,7 @@ def check(job: Job, now: float, lease_s: float) -> list[Effect]:
         if tensor.last_warned is not None and now - tensor.last_warned < warn_s:
             continue
         tensor.last_warned = now
-        missing_ranks = tensor.missing_ranks()
+        missing_ranks = job.table.missing_ranks(tensor)
         text = (
             f"tensor '{tensor.name}' has waited {waited:.1f} s; missing ranks: "
             f"{format_ranks(missing_ranks)}"

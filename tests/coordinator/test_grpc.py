@@ -407,6 +407,105 @@ def test_leave_errors_pending_tensors_and_tells_the_others(client):
     streams[0].close()
 
 
+def add_set(client, job, worker, set_id, ranks, generation=1):
+    return client.negotiation.AddProcessSet(
+        npb.AddProcessSetRequest(
+            job_id=job,
+            worker_id=worker,
+            generation=generation,
+            process_set_id=set_id,
+            ranks=ranks,
+        ),
+        metadata=client.metadata,
+        timeout=5,
+    )
+
+
+def remove_set(client, job, worker, set_id, generation=1):
+    return client.negotiation.RemoveProcessSet(
+        npb.RemoveProcessSetRequest(
+            job_id=job, worker_id=worker, generation=generation, process_set_id=set_id
+        ),
+        metadata=client.metadata,
+        timeout=5,
+    )
+
+
+def test_process_set_registration_errors(client):
+    job, workers, streams = open_world(client, 3)
+    for worker in workers:
+        add_set(client, job, worker, 1, [0, 2])  # every rank calls it: idempotent
+    for set_id, ranks, text in [
+        (0, [0, 1], "at least 1"),
+        (2, [1, 0], "ascending and distinct"),
+        (2, [0, 3], "must lie in [0, 3)"),
+        (1, [0, 1], "registered with ranks [0, 2], not [0, 1]"),
+    ]:
+        err = code_of(add_set, client, job, workers[0], set_id, ranks)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and text in err.details()
+    err = code_of(add_set, client, job, workers[0], 2, [0, 1], generation=7)
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    err = code_of(add_set, client, job, "stranger", 2, [0, 1])
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    err = code_of(add_set, client, "no-such-job", workers[0], 2, [0, 1])
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+    err = code_of(remove_set, client, job, workers[0], 0)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    remove_set(client, job, workers[0], 9)  # unknown: idempotent
+    for s in streams:
+        s.cancel()
+
+
+def test_collectives_on_a_process_set_and_its_removal(client):
+    job, workers, streams = open_world(client, 3)
+    for worker in workers:
+        add_set(client, job, worker, 1, [0, 2])
+    streams[2].send(tensor("g", op=npb.OP_TYPE_ALLGATHER, shape=(5, 2), process_set_id=1))
+    streams[0].send(tensor("g", op=npb.OP_TYPE_ALLGATHER, shape=(1, 2), process_set_id=1))
+    for rank in (0, 2):
+        (resp,) = streams[rank].responses()
+        assert resp.type == npb.RESPONSE_TYPE_ALLGATHER and resp.process_set_id == 1
+        assert list(resp.first_dims) == [1, 5]
+    streams[1].assert_silent()
+    streams[0].send(tensor("p", process_set_id=1))
+    time.sleep(0.2)
+    for worker in workers:
+        remove_set(client, job, worker, 1)
+    (resp,) = streams[0].responses()
+    assert resp.type == npb.RESPONSE_TYPE_ERROR
+    assert resp.error_message == "tensor 'p': process set 1 was removed"
+    streams[2].send(tensor("q", process_set_id=1))
+    assert "unknown process set 1" in streams[2].responses()[0].error_message
+    streams[1].assert_silent(0.1)
+    for s in streams:
+        s.cancel()
+
+
+def test_join_over_real_streams(client):
+    job, workers, streams = open_world(client, 2)
+    streams[1].send(npb.TensorRequest(name="join.0", op_type=npb.OP_TYPE_JOIN))
+    streams[0].send(tensor("x", shape=(3,)))
+    for s in streams:
+        (resp,) = s.responses()
+        assert resp.type == npb.RESPONSE_TYPE_ALLREDUCE and list(resp.tensor_names) == ["x"]
+        assert [(f.name, list(f.shape)) for f in resp.join_fill] == [("x", [3])]
+    streams[0].send(tensor("b", op=npb.OP_TYPE_BROADCAST))
+    (resp,) = streams[0].responses()
+    assert resp.error_message.startswith("tensor 'b' (broadcast) cannot run while rank(s) 1")
+    streams[0].send(npb.TensorRequest(name="join.0", op_type=npb.OP_TYPE_JOIN))
+    for s in streams:
+        (resp,) = s.responses()
+        assert resp.type == npb.RESPONSE_TYPE_JOIN and resp.last_joined_rank == 0
+    streams[1].assert_silent(0.1)
+    for s in streams:  # joined state cleared: training goes on with both ranks
+        s.send(tensor("y"))
+    for s in streams:
+        (resp,) = s.responses()
+        assert list(resp.tensor_names) == ["y"] and len(resp.join_fill) == 0
+    for s in streams:
+        s.cancel()
+
+
 # ---- timing: own coordinators with short leases and checks ------------------------------
 
 

@@ -503,3 +503,50 @@ def adasum_optimizer_step():
     grads = {k: p.grad.clone() for k, p in model.named_parameters()}
     opt.step()
     return start, grads, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def every_optimizer_state():
+    """Each torch.optim optimizer takes rank-specific steps, then gets rank 0's state."""
+    import inspect
+
+    rank = hvd.rank()
+    out = {}
+    names = [n for n in torch.optim.__all__
+             if inspect.isclass(getattr(torch.optim, n, None))
+             and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
+             and n not in ("Optimizer", "LBFGS")]
+    for name in names:
+        torch.manual_seed(0)
+        sparse = name == "SparseAdam"
+        bias = name != "Muon"  # Muon takes 2-D parameters only
+        model = (torch.nn.Embedding(10, 4, sparse=True) if sparse
+                 else torch.nn.Sequential(torch.nn.Linear(4, 3, bias=bias),
+                                          torch.nn.Linear(3, 2, bias=bias)))
+        params = list(model.parameters())
+        lr = 0.01 * (rank + 1)  # hyperparameters differ per rank until the broadcast
+        opt = getattr(torch.optim, name)(params, lr=lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(rank + 1):
+            opt.zero_grad()
+            if sparse:
+                model(torch.randint(0, 10, (6,), generator=gen)).sum().backward()
+            else:
+                model(torch.randn(5, 4, generator=gen)).pow(2).sum().backward()
+            opt.step()
+            sched.step()
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        # One more identical step everywhere must keep the optimizers identical.
+        opt.zero_grad()
+        if sparse:
+            model(torch.arange(6) % 10).sum().backward()
+        else:
+            model(torch.ones(5, 4)).pow(2).sum().backward()
+        opt.step()
+        out[name] = (opt.state_dict(), {k: v.clone() for k, v in model.state_dict().items()})
+    try:
+        hvd.broadcast_optimizer_state(torch.optim.LBFGS(torch.nn.Linear(2, 1).parameters()), 0)
+    except ValueError as exc:
+        out["LBFGS"] = str(exc)
+    return out

@@ -86,3 +86,32 @@ def test_objects_parameters_and_optimizer_state(shared_coordinator, size):
     # Rank 0 used lr 0.1 / 0.01; the broadcast gave every rank rank 0's hyperparameters.
     assert results[-1]["opt"]["sgd"]["param_groups"][0]["lr"] == pytest.approx(0.1)
     assert results[-1]["opt"]["adam"]["param_groups"][0]["lr"] == pytest.approx(0.01)
+
+
+def _assert_same(a, b, where):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def test_broadcast_optimizer_state_for_every_torch_optimizer(shared_coordinator):
+    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS,
+                                            "every_optimizer_state")]
+    names = [n for n in results[0] if n != "LBFGS"]
+    assert {"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Rprop", "SparseAdam"} <= set(names)
+    for name in names:
+        _assert_same(results[0][name], results[1][name], name)
+        groups = results[1][name][0]["param_groups"]
+        # Rank 0's scheduled learning rate (0.01 halved once) and its initial_lr won.
+        assert groups[0]["lr"] == pytest.approx(0.005), name
+        assert groups[0]["initial_lr"] == pytest.approx(0.01), name
+    assert "LBFGS" in results[0]["LBFGS"]

@@ -1,0 +1,64 @@
+"""Process sets side by side, and hvd.join() for uneven data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.workers import run_workers
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
+
+SCENARIOS = Path(__file__).with_name("scenarios.py")
+
+
+def test_disjoint_process_sets_at_three_ranks(shared_coordinator):
+    results = [r.value for r in run_workers(shared_coordinator, 3, SCENARIOS, "process_sets")]
+    sets = {0: [0, 2], 1: [1], 2: [0, 2]}
+    for rank, out in enumerate(results):
+        ranks = sets[rank]
+        n = len(ranks)
+        assert out["sizes"] == (n, ranks.index(rank), True, False)
+        total = sum(r + 1 for r in ranks)
+        torch.testing.assert_close(out["sum"], torch.full((3,), float(total)))
+        torch.testing.assert_close(out["avg"], torch.full((3,), total / n))
+        gathered = torch.cat([torch.full((r + 1, 2), float(r)) for r in ranks])
+        torch.testing.assert_close(out["allgather"], gathered)
+        torch.testing.assert_close(out["broadcast"], torch.full((3,), float(ranks[-1] + 1)))
+        me = ranks.index(rank)
+        a2a = torch.cat([(torch.arange(2.0 * n) + 10 * r)[2 * me:2 * me + 2] for r in ranks])
+        torch.testing.assert_close(out["alltoall"], a2a)
+        share = 4 // n
+        torch.testing.assert_close(out["reducescatter"], torch.full((share, 1), float(total)))
+        torch.testing.assert_close(out["grouped"][1], torch.full((3,), 2.0 * total))
+        assert f"rank {rank} is not in ProcessSet" in out["not_member"]
+        torch.testing.assert_close(out["global"], torch.full((3,), 6.0))
+        assert out["removed"] == (True, True)
+        assert "has not been added" in out["after_remove"]
+
+
+@pytest.mark.parametrize("size,op_name", [(2, "Sum"), (3, "Average")])
+def test_join_lets_the_others_finish_their_allreduces(shared_coordinator, size, op_name):
+    results = [r.value for r in run_workers(shared_coordinator, size, SCENARIOS, "uneven_join",
+                                            (op_name,))]
+    for rank, (steps, last, after, world) in enumerate(results):
+        assert last == size - 1, "the rank with the most data joins last"
+        torch.testing.assert_close(after, torch.full((1,), float(size)))
+        for step, value in enumerate(steps):
+            # Ranks still in the loop at this step contribute rank + 1; joined ones zero.
+            active = [r for r in range(size) if step < 2 * (r + 1)]
+            total = float(sum(r + 1 for r in active))
+            expected = total if op_name == "Sum" else total / world
+            torch.testing.assert_close(value, torch.full((2,), expected),
+                                       msg=lambda m, s=step, r=rank: f"rank {r} step {s}: {m}")
+
+
+def test_uneven_training_with_distributed_optimizer_and_join(shared_coordinator):
+    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS,
+                                            "uneven_training_then_join")]
+    (last0, params0), (last1, params1) = results
+    assert last0 == last1 == 1
+    for key in params0:
+        assert torch.equal(params0[key], params1[key]), key
