@@ -18,6 +18,7 @@ fails every pending handle and every later enqueue with the same error.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import queue
@@ -32,6 +33,7 @@ import torch.distributed as dist
 
 from hora_native import BackendError, ReduceKind, backend_for_device, create_backend
 
+from ._cache import ResponseCache, Signature
 from ._client import CoordinatorClient, NegotiationStream
 from ._ops import OpType, ReduceOp, dtype_name, split_rows
 from ._store import CoordinatorStore
@@ -125,6 +127,18 @@ class Entry:
     group_id: int = 0
     group_size: int = 0
     result: Callable[[Any], Any] | None = None
+    enqueued_at: float = dataclasses.field(default_factory=time.monotonic)
+    stall_warned: bool = False
+
+    def signature(self) -> Signature:
+        return Signature(dtype_name(self.buffer.dtype), tuple(self.buffer.shape),
+                         self.buffer.device.type, int(self.reduce_op),
+                         self.prescale_factor, self.postscale_factor)
+
+    def cacheable(self) -> bool:
+        """Global-set, ungrouped allreduces can skip the coordinator once negotiated."""
+        return (self.op_type == OpType.ALLREDUCE and self.process_set_id == 0
+                and self.group_id == 0)
 
     def request(self) -> negotiation_pb2.TensorRequest:
         return negotiation_pb2.TensorRequest(
@@ -155,6 +169,10 @@ class _SetGroup:
     ranks: tuple[int, ...]
     index: int | None  # our position in ``ranks``; None when we are not a member
     backends: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Sets other than the global one run their responses on their own thread,
+    # so that a collective blocked in one set never holds up another set.
+    queue: queue.SimpleQueue[list[negotiation_pb2.Response] | None] | None = None
+    thread: threading.Thread | None = None
 
     @property
     def size(self) -> int:
@@ -193,8 +211,18 @@ class Engine:
         self._pending: dict[str, Entry] = {}
         self._failure: HoraError | None = None
         self._stopping = threading.Event()
-        self._exec_queue: queue.SimpleQueue[list[negotiation_pb2.Response] | None] = (
-            queue.SimpleQueue())
+        # Round loop state (global set): coordinator lists waiting for a round,
+        # cached allreduces marked ready, and slots this rank must invalidate.
+        self._work = threading.Condition(self._lock)
+        self._lists: collections.deque[list[negotiation_pb2.Response]] = collections.deque()
+        self._received = 0
+        self._executed = 0
+        self._cache = ResponseCache(settings.cache_capacity)
+        self._cache_on = settings.cache_capacity > 0
+        self._cached_pending: dict[int, Entry] = {}
+        self._invalid_slots: set[int] = set()
+        self._join_announced = False
+        self.rounds = 0
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._sets: dict[int, _SetGroup] = {
             0: _SetGroup(0, tuple(range(world.size)), world.rank)}
@@ -208,7 +236,7 @@ class Engine:
         self._stream: NegotiationStream = client.open_stream(world.generation)
         self._threads = [
             threading.Thread(target=self._read_loop, name="hora-reader", daemon=True),
-            threading.Thread(target=self._exec_loop, name="hora-executor", daemon=True),
+            threading.Thread(target=self._round_loop, name="hora-rounds", daemon=True),
             threading.Thread(target=self._heartbeat_loop, name="hora-heartbeat", daemon=True),
         ]
         for thread in self._threads:
@@ -233,8 +261,30 @@ class Engine:
             self._pending[entry.name] = entry
             if entry.op_type == OpType.JOIN:
                 self._join = entry
+                self._join_announced = False
+                self._work.notify()
+            elif self._cache_on and entry.cacheable() and self._cache_hit(entry):
+                return entry.handle
         self._stream.send(entry.request())
         return entry.handle
+
+    def _cache_hit(self, entry: Entry) -> bool:
+        """Marks ``entry`` ready in its cache slot; False sends it to the coordinator.
+
+        A cached name whose signature changed is announced invalid, so that
+        every rank drops the slot and asks the coordinator again.
+        """
+        found = self._cache.lookup(entry.name)
+        if found is None:
+            return False
+        slot, signature = found
+        if signature != entry.signature():
+            self._invalid_slots.add(slot)
+            self._work.notify()
+            return False
+        self._cached_pending[slot] = entry
+        self._work.notify()
+        return True
 
     def failure(self) -> HoraError | None:
         return self._failure
@@ -268,12 +318,19 @@ class Engine:
         self._sets[process_set_id] = group
         if group.index is not None:
             self._backend("cpu", group)
+            group.queue = queue.SimpleQueue()
+            group.thread = threading.Thread(target=self._set_loop, args=(group,),
+                                            name=f"hora-set-{process_set_id}", daemon=True)
+            group.thread.start()
 
     def remove_process_set(self, process_set_id: int) -> None:
         group = self._sets.pop(process_set_id, None)
         if group is None:
             return
         self._client.remove_process_set(self.world.generation, process_set_id)
+        if group.queue is not None:
+            group.queue.put(None)
+            group.thread.join(timeout=self.settings.collective_timeout.total_seconds())
         for backend in group.backends.values():
             backend.close()
 
@@ -284,6 +341,8 @@ class Engine:
             if self._failure is None:
                 self._failure = error
             pending, self._pending = self._pending, {}
+            self._cached_pending.clear()
+            self._work.notify_all()
         if pending and not self._stopping.is_set():
             log.error("rank %d: failing %d pending tensor(s) (%s): %s", self.rank, len(pending),
                       ", ".join(sorted(pending)[:5]), error)
@@ -297,7 +356,7 @@ class Engine:
             for message in self._stream:
                 kind = message.WhichOneof("kind")
                 if kind == "responses":
-                    self._exec_queue.put(list(message.responses.responses))
+                    self._dispatch(message.responses.responses)
                 elif kind == "event":
                     self._on_event(message.event)
         except CoordinatorError as exc:
@@ -308,7 +367,37 @@ class Engine:
                 self._fail(HorovodInternalError(
                     f"the coordinator {self.settings.coordinator} closed the negotiation stream"))
         finally:
-            self._exec_queue.put(None)
+            with self._lock:
+                self._work.notify_all()
+            for group in list(self._sets.values()):
+                if group.queue is not None:
+                    group.queue.put(None)
+
+    def _dispatch(self, responses: Sequence[negotiation_pb2.Response]) -> None:
+        """Routes one response list: errors at once, collectives to their set's executor.
+
+        Errors move no bytes, and some go to one rank only, so they must not
+        take part in the rounds every rank counts.
+        """
+        by_set: dict[int, list[negotiation_pb2.Response]] = {}
+        for response in responses:
+            if response.type == negotiation_pb2.RESPONSE_TYPE_ERROR:
+                self._execute(response)
+            else:
+                by_set.setdefault(response.process_set_id, []).append(response)
+        for set_id, batch in by_set.items():
+            if set_id == 0:
+                with self._lock:
+                    self._lists.append(batch)
+                    self._received += 1
+                    self._work.notify()
+                continue
+            group = self._sets.get(set_id)
+            if group is None or group.queue is None:
+                log.error("rank %d: responses for process set %d, which it does not run",
+                          self.rank, set_id)
+                continue
+            group.queue.put(batch)
 
     def _on_event(self, event: negotiation_pb2.Event) -> None:
         if event.type == negotiation_pb2.EVENT_TYPE_MEMBER_LOST:
@@ -346,31 +435,196 @@ class Engine:
             last_ok = time.monotonic()
             if reply.job_state == rendezvous_pb2.JOB_STATE_FAILED:
                 self._fail(HorovodInternalError(f"the job failed: {reply.failure}"))
+            self._warn_cached_stalls()
 
-    # -- executor thread ----------------------------------------------------
+    def _warn_cached_stalls(self) -> None:
+        """Stall warnings for cached tensors, which the coordinator does not see."""
+        limit = self.settings.stall_warning_time.total_seconds()
+        if limit <= 0:
+            return
+        now = time.monotonic()
+        with self._lock:
+            stalled = [e for e in self._cached_pending.values()
+                       if not e.stall_warned and now - e.enqueued_at > limit]
+            for entry in stalled:
+                entry.stall_warned = True
+        for entry in stalled:
+            log.warning("rank %d: tensor %r (negotiated before, agreed peer to peer) has "
+                        "waited more than %g s for the other ranks to submit it", self.rank,
+                        entry.name, limit)
 
-    def _exec_loop(self) -> None:
+    # -- executors ------------------------------------------------------------
+
+    def _run_safely(self, response: negotiation_pb2.Response | None, work: Callable[[], None]
+                    ) -> None:
+        names = list(response.tensor_names)[:3] if response is not None else []
+        try:
+            work()
+        except BackendError as exc:
+            self._fail(HorovodInternalError(
+                f"data plane failed on rank {self.rank} running {names}: {exc}"))
+        except HoraError as exc:
+            self._fail(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug must fail handles, not hang them
+            log.exception("rank %d: executing %s failed", self.rank, names)
+            self._fail(HorovodInternalError(f"internal error on rank {self.rank}: {exc}"))
+
+    def _set_loop(self, group: _SetGroup) -> None:
+        """Runs a non-global process set's responses in the order the coordinator sent them."""
+        assert group.queue is not None
         while True:
-            responses = self._exec_queue.get()
-            if responses is None:
+            batch = group.queue.get()
+            if batch is None:
                 return
-            for response in responses:
-                try:
-                    self._execute(response)
-                except BackendError as exc:
-                    self._fail(HorovodInternalError(
-                        f"data plane failed on rank {self.rank} running "
-                        f"{list(response.tensor_names)[:3]}: {exc}"))
-                except Exception as exc:  # noqa: BLE001 - a bug must fail handles, not hang them
-                    log.exception("rank %d: executing %s failed", self.rank,
-                                  list(response.tensor_names))
-                    self._fail(HorovodInternalError(f"internal error on rank {self.rank}: {exc}"))
+            for response in batch:
+                self._run_safely(response, lambda r=response: self._execute(r))
+
+    def _round_work(self) -> bool:
+        return bool(self._cached_pending or self._invalid_slots
+                    or self._received > self._executed
+                    or (self._join is not None and not self._join_announced))
+
+    def _round_loop(self) -> None:
+        """The global set's executor: rounds of peer-to-peer agreement.
+
+        Every rank with work enters a round with a control vector: per cache
+        slot 2 (ready here), 1 (not ready) or 0 (invalid here), then how many
+        coordinator response lists it has received, whether its cache may be
+        used, and its fusion threshold. One MIN-allreduce gives every rank the
+        same answer: run the slots ready everywhere, drop the invalid ones,
+        run the coordinator lists every rank has. Ranks apply the same
+        results in the same order, so their caches never diverge.
+        """
+        group = self._sets[0]
+        cycle = self.settings.cycle_time.total_seconds()
+        threshold_kib = self.settings.fusion_threshold // 1024
+        while True:
+            with self._lock:
+                while not self._round_work():
+                    if self._stopping.is_set() or self._failure is not None:
+                        return
+                    self._work.wait(0.5)
+                if self._stopping.is_set() or self._failure is not None:
+                    return
+            if cycle > 0:
+                time.sleep(cycle)  # let more tensors become ready, for fusion
+            with self._lock:
+                width = len(self._cache)
+                control = torch.ones(width + 3, dtype=torch.int64)
+                for slot in self._cached_pending:
+                    control[slot] = 2
+                for slot in self._invalid_slots:
+                    control[slot] = 0
+                self._invalid_slots.clear()
+                control[width] = self._received
+                usable = self._cache_on and self._join is None
+                control[width + 1] = 1 if usable else 0
+                control[width + 2] = threshold_kib
+                if self._join is not None:
+                    self._join_announced = True
+            try:
+                self._backend("cpu", group).allreduce(control, ReduceKind.MIN)
+            except BackendError as exc:
+                self._fail(HorovodInternalError(
+                    f"data plane failed on rank {self.rank} agreeing on ready tensors: {exc}"))
+                return
+            self.rounds += 1
+            self._run_safely(None, lambda c=control, w=width: self._apply_round(c, w))
+
+    def _apply_round(self, control: torch.Tensor, width: int) -> None:
+        values = control[:width].tolist()
+        agreed = int(control[width])
+        usable = bool(control[width + 1])
+        threshold = int(control[width + 2]) * 1024
+        # 1. Slots some rank found stale: drop them; our own waiting tensors
+        #    go to the coordinator instead.
+        resend = []
+        with self._lock:
+            for slot, value in enumerate(values):
+                if value == 0:
+                    self._cache.evict(slot)
+                    entry = self._cached_pending.pop(slot, None)
+                    if entry is not None:
+                        resend.append(entry)
+            ready = []
+            for slot, value in enumerate(values):
+                if value == 2:
+                    entry = self._cached_pending.pop(slot, None)
+                    if entry is None:  # failed meanwhile; the rounds stop next
+                        continue
+                    ready.append((self._cache.signature(slot), entry))
+                    self._cache.touch(slot)
+        for entry in resend:
+            self._stream.send(entry.request())
+        # 2. Slots ready everywhere, fused in slot order.
+        self._run_cached(ready, threshold)
+        # 3. A rank has joined: stop using the cache until the join completes.
+        if not usable and self._cache_on:
+            self._set_cache(False)
+        # 4. Coordinator lists that every rank has received.
+        while self._executed < agreed:
+            with self._lock:
+                batch = self._lists.popleft()
+            self._executed += 1
+            for response in batch:
+                self._remember(response, self._execute(response))
+
+    def _run_cached(self, ready: list[tuple[Signature, Entry]], threshold: int) -> None:
+        group = self._sets[0]
+        i = 0
+        while i < len(ready):
+            signature, first = ready[i]
+            batch = [first]
+            nbytes = first.buffer.numel() * first.buffer.element_size()
+            i += 1
+            while i < len(ready) and ready[i][0].fusion_key == signature.fusion_key:
+                size = ready[i][1].buffer.numel() * ready[i][1].buffer.element_size()
+                if nbytes + size > threshold:
+                    break
+                batch.append(ready[i][1])
+                nbytes += size
+                i += 1
+            with self._lock:
+                for entry in batch:
+                    self._pending.pop(entry.name, None)
+            backend = self._backend(first.buffer.device.type, group)
+            self._allreduce(backend, batch, group.size)
+
+    def _remember(self, response: negotiation_pb2.Response, entries: list[Entry]) -> None:
+        """Caches a negotiated allreduce so that its next occurrence skips the coordinator."""
+        if (not self._cache_on or response.type != negotiation_pb2.RESPONSE_TYPE_ALLREDUCE
+                or response.process_set_id != 0 or response.join_fill):
+            return
+        if not entries or any(not e.cacheable() for e in entries):
+            return
+        resend = []
+        with self._lock:
+            for entry in entries:
+                _, evicted = self._cache.put(entry.name, entry.signature())
+                if evicted is not None:
+                    waiting = self._cached_pending.pop(evicted, None)
+                    if waiting is not None:
+                        resend.append(waiting)
+        for entry in resend:
+            self._stream.send(entry.request())
+
+    def _set_cache(self, on: bool) -> None:
+        resend = []
+        with self._lock:
+            self._cache_on = on and self.settings.cache_capacity > 0
+            if not on:
+                self._cache.clear()
+                resend = list(self._cached_pending.values())
+                self._cached_pending.clear()
+        for entry in resend:
+            self._stream.send(entry.request())
 
     def _take(self, names: Sequence[str]) -> list[Entry]:
         with self._lock:
             return [self._pending.pop(name) for name in names if name in self._pending]
 
-    def _execute(self, response: negotiation_pb2.Response) -> None:
+    def _execute(self, response: negotiation_pb2.Response) -> list[Entry]:
+        """Runs one response on the data plane; returns the local entries it completed."""
         if response.type == negotiation_pb2.RESPONSE_TYPE_JOIN:
             with self._lock:
                 join, self._join = self._join, None
@@ -378,7 +632,8 @@ class Engine:
                     self._pending.pop(join.name, None)
             if join is not None:
                 self._finish(join, response.last_joined_rank)
-            return
+            self._set_cache(True)
+            return []
         entries = self._take(response.tensor_names)
         if response.join_fill and len(entries) < len(response.tensor_names):
             entries = self._fill_for_join(response, entries)
@@ -388,7 +643,7 @@ class Engine:
                          else TensorMismatchError)
             for entry in entries:
                 entry.handle.set_error(error_cls(response.error_message))
-            return
+            return []
         if len(entries) != len(response.tensor_names):
             raise HorovodInternalError(
                 f"rank {self.rank} got a response for tensors it does not have pending: "
@@ -411,6 +666,7 @@ class Engine:
         elif op == OpType.BARRIER:
             backend.barrier()
             self._finish(entries[0], None)
+        return entries
 
     def _finish(self, entry: Entry, value: Any) -> None:
         entry.handle.set_result(entry.result(value) if entry.result else value)
@@ -527,6 +783,11 @@ class Engine:
         self._client.leave()
         self._stream.close()
         self._fail(HorovodInternalError("hora has been shut down"))
+        for group in self._sets.values():
+            if group.queue is not None:
+                group.queue.put(None)
+                if group.thread is not None:
+                    self._threads.append(group.thread)
         deadline = time.monotonic() + timeout.total_seconds()
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))

@@ -78,6 +78,8 @@ ENV_VARS: tuple[_Var, ...] = (
          "largest fusion buffer in bytes (0 disables fusion)"),
     _Var("cycle_time", ("HORA_CYCLE_TIME", "HOROVOD_CYCLE_TIME"), _millis,
          "milliseconds the background loop batches ready tensors"),
+    _Var("cache_capacity", ("HORA_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY"), int,
+         "negotiated allreduces remembered so they skip the coordinator (0 disables)"),
     _Var("log_level", ("HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL"), str, "logging level"),
     _Var("reset_limit", ("HORA_RESET_LIMIT", "HOROVOD_RESET_LIMIT"), int,
          "elastic resets a worker may go through (unset: no limit)"),
@@ -102,7 +104,10 @@ class Settings:
     stall_warning_time: timedelta = timedelta(seconds=60)
     stall_shutdown_time: timedelta = timedelta(seconds=0)
     fusion_threshold: int = 128 * MiB
-    cycle_time: timedelta = timedelta(milliseconds=1)
+    # Rounds start as soon as a tensor is ready: measured faster here than
+    # waiting to batch more (see bench/README.md).
+    cycle_time: timedelta = timedelta(0)
+    cache_capacity: int = 1024
     log_level: str = "WARNING"
     reset_limit: int | None = None
 
@@ -137,6 +142,10 @@ class Settings:
             raise SettingsError(f"size must be at least 1, got {self.size}")
         if self.rank >= self.size:
             raise SettingsError(f"rank {self.rank} is outside a world of size {self.size}")
+        if self.cache_capacity < 0:
+            raise SettingsError(f"cache capacity must be >= 0, got {self.cache_capacity}")
+        if self.cycle_time < timedelta(0):
+            raise SettingsError(f"cycle time must be >= 0, got {self.cycle_time}")
         if self.fusion_threshold < 0:
             raise SettingsError(f"fusion threshold must be >= 0, got {self.fusion_threshold}")
         for name in ("start_timeout", "connect_timeout", "collective_timeout",

@@ -550,3 +550,64 @@ def every_optimizer_state():
     except ValueError as exc:
         out["LBFGS"] = str(exc)
     return out
+
+
+# -- response cache ------------------------------------------------------------------
+
+
+def _negotiation_messages(http_url: str, job_id: str) -> int:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{http_url}/api/v1/jobs/{job_id}", timeout=10) as reply:
+        return json.load(reply)["negotiation_messages"]
+
+
+def steady_state_messages(http_url: str, job_id: str, steps: int):
+    """Coordinator messages during `steps` training steps after warm-up."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    data = torch.randn(4, 8)
+
+    def step():
+        opt.zero_grad()
+        model(data).pow(2).mean().backward()
+        opt.step()
+
+    def step_with_metric():
+        step()
+        hvd.allreduce(torch.tensor(1.0), name="metric.loss")  # a metric, every step
+
+    for _ in range(3):
+        step_with_metric()
+    hvd.barrier()
+    before = _negotiation_messages(http_url, job_id)
+    for _ in range(steps):
+        step_with_metric()
+    hvd.barrier()
+    after = _negotiation_messages(http_url, job_id)
+    hvd.barrier()
+    idle = _negotiation_messages(http_url, job_id)
+    # (after - before) is the steps plus one barrier; (idle - after) is one barrier.
+    return before, after, idle
+
+
+def cache_invalidation():
+    rank = hvd.rank()
+    out = {}
+    for i in range(3):
+        out[f"same.{i}"] = hvd.allreduce(torch.ones(4), name="x", op=hvd.Sum)
+    # Every rank changes the shape of a cached name: renegotiated, still right.
+    out["grown"] = hvd.allreduce(torch.ones(6), name="x", op=hvd.Sum)
+    out["grown.again"] = hvd.allreduce(torch.ones(6), name="x", op=hvd.Sum)
+    # Only rank 0 changes the dtype of a cached name: a mismatch error, not a hang.
+    x = torch.ones(6, dtype=torch.float64 if rank == 0 else torch.float32)
+    try:
+        hvd.allreduce(x, name="x", op=hvd.Sum)
+    except hvd.HorovodInternalError as exc:
+        out["mismatch"] = (type(exc).__name__, str(exc))
+    out["after"] = hvd.allreduce(torch.ones(2), name="x", op=hvd.Sum)
+    return out

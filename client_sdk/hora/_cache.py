@@ -1,0 +1,122 @@
+"""The response cache: allreduces the ranks have negotiated before.
+
+After the coordinator has answered an allreduce of the global process set
+once, every rank remembers it in a slot. The next time the same name comes
+with the same signature, the rank does not ask the coordinator: it marks the
+slot ready, and the ranks agree peer to peer, in a tiny allreduce of one
+value per slot, on which slots are ready everywhere (see
+:class:`hora._engine.Engine`'s round loop).
+
+Every rank changes its cache only while executing the same round results in
+the same order, so slot numbers, contents and LRU order stay identical on
+all ranks without ever being exchanged.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+__all__ = ["ResponseCache", "Signature"]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What must match for a cached response to stand for a new request."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    device: str
+    reduce_op: int
+    prescale_factor: float
+    postscale_factor: float
+
+    @property
+    def fusion_key(self) -> tuple[object, ...]:
+        """Tensors with equal keys can share one fusion buffer."""
+        return (self.dtype, self.device, self.reduce_op, self.prescale_factor,
+                self.postscale_factor)
+
+
+class ResponseCache:
+    """Slots for negotiated allreduces, with least-recently-used eviction.
+
+    Args:
+        capacity: the most slots; 0 disables the cache.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._slots: list[tuple[str, Signature] | None] = []
+        self._by_name: dict[str, int] = {}
+        self._free: list[int] = []
+        self._lru: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        """Number of slots in use or free (the width of a round's control vector)."""
+        return len(self._slots)
+
+    def lookup(self, name: str) -> tuple[int, Signature] | None:
+        """The slot and signature cached under ``name``, if any."""
+        slot = self._by_name.get(name)
+        if slot is None:
+            return None
+        entry = self._slots[slot]
+        assert entry is not None
+        return slot, entry[1]
+
+    def name(self, slot: int) -> str | None:
+        entry = self._slots[slot] if slot < len(self._slots) else None
+        return entry[0] if entry is not None else None
+
+    def signature(self, slot: int) -> Signature:
+        entry = self._slots[slot]
+        assert entry is not None
+        return entry[1]
+
+    def put(self, name: str, signature: Signature) -> tuple[int, int | None]:
+        """Caches ``name``; returns its slot and the slot evicted to make room, if any."""
+        if self.capacity <= 0:
+            raise ValueError("the response cache is disabled")
+        existing = self._by_name.get(name)
+        if existing is not None:
+            self._slots[existing] = (name, signature)
+            self.touch(existing)
+            return existing, None
+        evicted = None
+        if self._free:
+            slot = self._free.pop()
+        elif len(self._slots) < self.capacity:
+            slot = len(self._slots)
+            self._slots.append(None)
+        else:
+            slot = next(iter(self._lru))
+            self.evict(slot)
+            evicted = slot
+            self._free.remove(slot)
+        self._slots[slot] = (name, signature)
+        self._by_name[name] = slot
+        self._lru[slot] = None
+        return slot, evicted
+
+    def touch(self, slot: int) -> None:
+        """Marks ``slot`` as just used."""
+        self._lru.move_to_end(slot)
+
+    def evict(self, slot: int) -> str | None:
+        """Empties ``slot``; returns the name it held."""
+        entry = self._slots[slot] if slot < len(self._slots) else None
+        if entry is None:
+            return None
+        self._slots[slot] = None
+        del self._by_name[entry[0]]
+        self._lru.pop(slot, None)
+        self._free.append(slot)
+        return entry[0]
+
+    def clear(self) -> list[str]:
+        """Evicts everything; returns the names that were cached."""
+        names = list(self._by_name)
+        for slot in list(self._lru):
+            self.evict(slot)
+        return names
