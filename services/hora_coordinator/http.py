@@ -1,4 +1,4 @@
-"""The HTTP API: health probes and read-only job state (FastAPI).
+"""The HTTP API: health probes, Prometheus metrics and read-only job state (FastAPI).
 
 One router per resource. Routes only read state the coordinator owns; they
 run on the coordinator's event loop, so they see a consistent snapshot
@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client.registry import CollectorRegistry
 from pydantic import BaseModel
 
-from . import state
+from . import metrics, state
 from .coordinator import Coordinator
 
 __all__ = ["JobDetail", "JobSummary", "MemberView", "create_app"]
@@ -67,9 +68,16 @@ def get_coordinator(request: Request) -> Coordinator:
     return request.app.state.coordinator
 
 
+def get_metrics_registry(request: Request) -> CollectorRegistry:
+    """The metrics registry of this app."""
+    return request.app.state.metrics_registry
+
+
 CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
+MetricsRegistryDep = Annotated[CollectorRegistry, Depends(get_metrics_registry)]
 
 health_router = APIRouter(tags=["health"])
+metrics_router = APIRouter(tags=["metrics"])
 jobs_router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
 
@@ -89,6 +97,18 @@ async def readyz(coordinator: CoordinatorDep) -> Health | JSONResponse:
     if coordinator.serving:
         return Health(status="ready")
     return JSONResponse(status_code=503, content={"status": "not serving"})
+
+
+# async on purpose: FastAPI runs a plain def route on a worker thread, where the
+# collector would read job state while the event loop mutates it.
+@metrics_router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {metrics.CONTENT_TYPE: {}}, "description": "Prometheus text"}},
+)
+async def get_metrics(registry: MetricsRegistryDep) -> Response:
+    """Per-job negotiation counters, generations and members, in Prometheus text format."""
+    return Response(content=metrics.render(registry), media_type=metrics.CONTENT_TYPE)
 
 
 def _summary_fields(job: state.Job) -> dict[str, object]:
@@ -156,6 +176,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     """The HTTP app serving ``coordinator``'s state."""
     app = FastAPI(title="hora coordinator", version="1")
     app.state.coordinator = coordinator
+    app.state.metrics_registry = metrics.create_registry(coordinator)
     app.include_router(health_router)
+    app.include_router(metrics_router)
     app.include_router(jobs_router)
     return app

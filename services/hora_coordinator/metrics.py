@@ -1,0 +1,116 @@
+"""Prometheus metrics: read from the coordinator's job state at scrape time.
+
+The coordinator already counts what matters per job (:class:`~.state.Job`'s
+``negotiation_messages``, ``negotiated_tensors``, ``errors``). Rather than
+keep a second copy of those counters in prometheus-client objects, which
+would have to be updated on the hot path and could drift, a custom collector
+turns the state into metric families whenever ``/metrics`` is scraped.
+
+Exported series::
+
+    hora_negotiation_messages_total{job_id}   RequestLists received (counter)
+    hora_negotiated_tensors_total{job_id}     tensors answered ready on every rank (counter)
+    hora_negotiation_errors_total{job_id}     error responses sent (counter)
+    hora_job_generation{job_id}               current generation, 0 while the first gathers
+    hora_job_members{job_id,state}            members by state; a gathering round's
+                                              joiners count as "joining"
+    hora_jobs{state}                          jobs by state
+
+Every state label value is always present (0 when empty), so a series does
+not vanish when its last member or job moves on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from . import state
+from .coordinator import Coordinator
+
+__all__ = ["CONTENT_TYPE", "CoordinatorCollector", "create_registry", "render"]
+
+#: The ``Content-Type`` of :func:`render`'s output (Prometheus text format 0.0.4).
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class CoordinatorCollector(Collector):
+    """Metric families of every job ``coordinator`` holds, built at each collect.
+
+    Args:
+        coordinator: The coordinator to read. Only read, on the caller's
+            thread: call :meth:`collect` on the coordinator's event loop
+            (as the ``/metrics`` route does) to see a consistent snapshot.
+    """
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._coordinator = coordinator
+
+    def collect(self) -> Iterator[Metric]:
+        """Yields the families listed in the module docstring."""
+        messages = CounterMetricFamily(
+            "hora_negotiation_messages",
+            "Negotiation request lists received from the job's members.",
+            labels=["job_id"],
+        )
+        tensors = CounterMetricFamily(
+            "hora_negotiated_tensors",
+            "Tensors negotiated ready on every rank of the job.",
+            labels=["job_id"],
+        )
+        errors = CounterMetricFamily(
+            "hora_negotiation_errors",
+            "Error responses sent to the job's members (mismatches, failed sets, ...).",
+            labels=["job_id"],
+        )
+        generation = GaugeMetricFamily(
+            "hora_job_generation",
+            "Current generation of the job; 0 while its first world gathers.",
+            labels=["job_id"],
+        )
+        members = GaugeMetricFamily(
+            "hora_job_members",
+            "Members of the job by state; joiners of a gathering round are 'joining'.",
+            labels=["job_id", "state"],
+        )
+        jobs = GaugeMetricFamily("hora_jobs", "Jobs by state.", labels=["state"])
+        by_phase = dict.fromkeys(state.JobPhase, 0)
+        for job in self._coordinator.jobs.values():
+            by_phase[job.phase] += 1
+            messages.add_metric([job.job_id], job.negotiation_messages)
+            tensors.add_metric([job.job_id], job.negotiated_tensors)
+            errors.add_metric([job.job_id], job.errors)
+            generation.add_metric([job.job_id], job.generation)
+            for member_state, count in _member_counts(job).items():
+                members.add_metric([job.job_id, member_state.value], count)
+        for phase, count in by_phase.items():
+            jobs.add_metric([phase.value], count)
+        yield from (messages, tensors, errors, generation, members, jobs)
+
+
+def _member_counts(job: state.Job) -> dict[state.MemberState, int]:
+    counts = dict.fromkeys(state.MemberState, 0)
+    for member in job.members:
+        counts[member.state] += 1
+    if job.round is not None:
+        counts[state.MemberState.JOINING] += len(job.round.joiners)
+    return counts
+
+
+def create_registry(coordinator: Coordinator) -> CollectorRegistry:
+    """A registry of its own holding only ``coordinator``'s collector.
+
+    Not prometheus-client's global ``REGISTRY``: each app (and each test's
+    coordinator) gets exactly its own series, and no process metrics sneak in.
+    """
+    registry = CollectorRegistry()
+    registry.register(CoordinatorCollector(coordinator))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """``registry``'s metrics in the Prometheus text format."""
+    return generate_latest(registry)
