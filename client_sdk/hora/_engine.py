@@ -37,6 +37,7 @@ from ._cache import ResponseCache, Signature
 from ._client import CoordinatorClient, NegotiationStream
 from ._ops import OpType, ReduceOp, dtype_name, split_rows
 from ._store import CoordinatorStore
+from .autotune import Autotuner
 from .errors import (
     CoordinatorError,
     HoraError,
@@ -45,6 +46,7 @@ from .errors import (
     TensorMismatchError,
 )
 from .settings import Settings
+from .timeline import NULL_TIMELINE, NullTimeline, Timeline
 from .v1 import negotiation_pb2, rendezvous_pb2
 
 __all__ = ["Engine", "Entry", "Handle"]
@@ -223,6 +225,21 @@ class Engine:
         self._invalid_slots: set[int] = set()
         self._join_announced = False
         self.rounds = 0
+        # Rank 0 decides fusion threshold and cycle time for the cached path
+        # (the others adopt its values through the round's control vector).
+        self._threshold_kib = settings.fusion_threshold // 1024
+        self._cycle_us = int(settings.cycle_time.total_seconds() * 1e6)
+        self._tuner: Autotuner | None = None
+        if settings.autotune and world.rank == 0:
+            self._tuner = Autotuner(log_file=settings.autotune_log or None,
+                                    initial=(settings.fusion_threshold,
+                                             max(settings.cycle_time.total_seconds() * 1e3,
+                                                 0.5)))
+        self._tuned_bytes = 0
+        self._tuned_since = time.monotonic()
+        self.timeline: Timeline | NullTimeline = NULL_TIMELINE
+        if settings.timeline:
+            self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._sets: dict[int, _SetGroup] = {
             0: _SetGroup(0, tuple(range(world.size)), world.rank)}
@@ -251,6 +268,7 @@ class Engine:
             ValueError: a tensor with the same name is already in flight.
             HorovodInternalError: the generation has failed.
         """
+        timeline = self.timeline
         with self._lock:
             if self._failure is not None:
                 raise type(self._failure)(str(self._failure))
@@ -259,6 +277,7 @@ class Engine:
                     f"a tensor named {entry.name!r} is already in flight on rank {self.rank}; "
                     f"names must be unique among pending operations")
             self._pending[entry.name] = entry
+            timeline.negotiate_start(entry.name, entry.op_type)
             if entry.op_type == OpType.JOIN:
                 self._join = entry
                 self._join_announced = False
@@ -288,6 +307,17 @@ class Engine:
 
     def failure(self) -> HoraError | None:
         return self._failure
+
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Starts writing a Chrome trace to ``path`` (rank 0 only, as Horovod does)."""
+        if self.rank != 0:
+            return
+        self.stop_timeline()
+        self.timeline = Timeline(path, self.rank, mark_cycles=mark_cycles)
+
+    def stop_timeline(self) -> None:
+        timeline, self.timeline = self.timeline, NULL_TIMELINE
+        timeline.close()
 
     def host_update_epoch(self) -> tuple[int, bool]:
         """The newest host-change epoch seen in heartbeats, and whether it only removed hosts."""
@@ -380,10 +410,18 @@ class Engine:
         take part in the rounds every rank counts.
         """
         by_set: dict[int, list[negotiation_pb2.Response]] = {}
+        timeline = self.timeline
         for response in responses:
+            for name in response.tensor_names:
+                timeline.negotiate_end(name)
             if response.type == negotiation_pb2.RESPONSE_TYPE_ERROR:
                 self._execute(response)
             else:
+                op = _RESPONSE_OP.get(response.type)
+                for name in response.tensor_names:
+                    if op is not None:
+                        timeline.start(name, op)
+                    timeline.activity_start(name, "QUEUE")
                 by_set.setdefault(response.process_set_id, []).append(response)
         for set_id, batch in by_set.items():
             if set_id == 0:
@@ -497,7 +535,9 @@ class Engine:
         """
         group = self._sets[0]
         cycle = self.settings.cycle_time.total_seconds()
-        threshold_kib = self.settings.fusion_threshold // 1024
+        # Values only rank 0 sets; every other rank sends the largest value,
+        # so the MIN-allreduce hands everyone rank 0's.
+        unset = torch.iinfo(torch.int64).max
         while True:
             with self._lock:
                 while not self._round_work():
@@ -510,7 +550,7 @@ class Engine:
                 time.sleep(cycle)  # let more tensors become ready, for fusion
             with self._lock:
                 width = len(self._cache)
-                control = torch.ones(width + 3, dtype=torch.int64)
+                control = torch.ones(width + 4, dtype=torch.int64)
                 for slot in self._cached_pending:
                     control[slot] = 2
                 for slot in self._invalid_slots:
@@ -519,7 +559,8 @@ class Engine:
                 control[width] = self._received
                 usable = self._cache_on and self._join is None
                 control[width + 1] = 1 if usable else 0
-                control[width + 2] = threshold_kib
+                control[width + 2] = self._threshold_kib if self.rank == 0 else unset
+                control[width + 3] = self._cycle_us if self.rank == 0 else unset
                 if self._join is not None:
                     self._join_announced = True
             try:
@@ -529,7 +570,11 @@ class Engine:
                     f"data plane failed on rank {self.rank} agreeing on ready tensors: {exc}"))
                 return
             self.rounds += 1
+            self.timeline.cycle_start()
+            cycle = int(control[width + 3]) / 1e6
             self._run_safely(None, lambda c=control, w=width: self._apply_round(c, w))
+            if self._tuner is not None:
+                self._autotune_step()
 
     def _apply_round(self, control: torch.Tensor, width: int) -> None:
         values = control[:width].tolist()
@@ -547,6 +592,7 @@ class Engine:
                     if entry is not None:
                         resend.append(entry)
             ready = []
+            timeline = self.timeline
             for slot, value in enumerate(values):
                 if value == 2:
                     entry = self._cached_pending.pop(slot, None)
@@ -554,6 +600,9 @@ class Engine:
                         continue
                     ready.append((self._cache.signature(slot), entry))
                     self._cache.touch(slot)
+                    timeline.negotiate_end(entry.name)
+                    timeline.start(entry.name, OpType.ALLREDUCE)
+                    timeline.activity_start(entry.name, "QUEUE")
         for entry in resend:
             self._stream.send(entry.request())
         # 2. Slots ready everywhere, fused in slot order.
@@ -589,6 +638,25 @@ class Engine:
                     self._pending.pop(entry.name, None)
             backend = self._backend(first.buffer.device.type, group)
             self._allreduce(backend, batch, group.size)
+            self._tuned_bytes += nbytes
+
+    def _autotune_step(self) -> None:
+        """Feeds rank 0's tuner one window of cached-allreduce throughput."""
+        assert self._tuner is not None
+        elapsed = time.monotonic() - self._tuned_since
+        if elapsed < 0.2 or self._tuner.done():
+            return
+        changed = self._tuner.record(self._tuned_bytes, elapsed)
+        self._tuned_bytes, self._tuned_since = 0, time.monotonic()
+        if changed:
+            threshold, cycle_ms = self._tuner.current()
+            self._threshold_kib = threshold // 1024
+            self._cycle_us = int(cycle_ms * 1000)
+        if self._tuner.done():
+            threshold, cycle_ms, score = self._tuner.best()
+            self._threshold_kib, self._cycle_us = threshold // 1024, int(cycle_ms * 1000)
+            log.warning("autotune chose a fusion threshold of %g MiB and a cycle time of %g ms "
+                        "(%.1f MB/s reduced)", threshold / 2**20, cycle_ms, score / 1e6)
 
     def _remember(self, response: negotiation_pb2.Response, entries: list[Entry]) -> None:
         """Caches a negotiated allreduce so that its next occurrence skips the coordinator."""
@@ -651,6 +719,9 @@ class Engine:
         op = _RESPONSE_OP[response.type]
         group = self.process_set(response.process_set_id)
         backend = self._backend(entries[0].buffer.device.type, group)
+        if op != OpType.ALLREDUCE:
+            self._activity([e.name for e in entries], "QUEUE",
+                           f"{backend.name.upper()}_{op.name}")
         if op == OpType.ALLREDUCE:
             self._allreduce(backend, entries, group.size)
         elif op == OpType.ALLGATHER:
@@ -669,6 +740,7 @@ class Engine:
         return entries
 
     def _finish(self, entry: Entry, value: Any) -> None:
+        self.timeline.end(entry.name)
         entry.handle.set_result(entry.result(value) if entry.result else value)
 
     def _fill_for_join(self, response: negotiation_pb2.Response,
@@ -722,24 +794,44 @@ class Engine:
         if first.reduce_op == ReduceOp.AVERAGE:
             post /= set_size
         kind = _NATIVE_REDUCE[first.reduce_op]
+        timeline = self.timeline
+        names = [e.name for e in entries]
+        self._activity(names, "QUEUE", None)
         if len(entries) == 1:
             buf = first.buffer
         else:
             total = sum(e.buffer.numel() for e in entries)
+            self._activity(names, None, "MEMCPY_IN_FUSION_BUFFER")
             buf = self._fusion_buffer(first.buffer.dtype, first.buffer.device, total)
             torch.cat([e.buffer.reshape(-1) for e in entries], out=buf)
+            self._activity(names, "MEMCPY_IN_FUSION_BUFFER", None)
+        activity = f"{backend.name.upper()}_ALLREDUCE"
+        self._activity(names, None, activity)
         _scale(buf, first.prescale_factor)
         backend.allreduce(buf, kind)
         _scale(buf, post)
+        self._activity(names, activity, None)
         if len(entries) == 1:
             self._finish(first, buf)
             return
+        self._activity(names, None, "MEMCPY_OUT_FUSION_BUFFER")
         offset = 0
         for entry in entries:
             n = entry.buffer.numel()
             entry.buffer.view(-1).copy_(buf[offset:offset + n])
             offset += n
+            timeline.activity_end(entry.name)
             self._finish(entry, entry.buffer)
+
+    def _activity(self, names: list[str], end: str | None, start: str | None) -> None:
+        timeline = self.timeline
+        if not timeline.active:
+            return
+        for name in names:
+            if end is not None:
+                timeline.activity_end(name)
+            if start is not None:
+                timeline.activity_start(name, start)
 
     def _allgather(self, backend: Any, entries: list[Entry], first_dims: Sequence[int],
                    set_size: int) -> None:
@@ -795,3 +887,4 @@ class Engine:
             for backend in group.backends.values():
                 backend.close()
             group.backends.clear()
+        self.stop_timeline()

@@ -80,6 +80,14 @@ ENV_VARS: tuple[_Var, ...] = (
          "milliseconds the background loop batches ready tensors"),
     _Var("cache_capacity", ("HORA_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY"), int,
          "negotiated allreduces remembered so they skip the coordinator (0 disables)"),
+    _Var("timeline", ("HORA_TIMELINE", "HOROVOD_TIMELINE"), str,
+         "Chrome-trace timeline file written by rank 0"),
+    _Var("timeline_mark_cycles", ("HORA_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES"),
+         _bool, "mark each agreement round in the timeline"),
+    _Var("autotune", ("HORA_AUTOTUNE", "HOROVOD_AUTOTUNE"), _bool,
+         "tune fusion threshold and cycle time online"),
+    _Var("autotune_log", ("HORA_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG"), str,
+         "CSV log of the settings autotune tried"),
     _Var("log_level", ("HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL"), str, "logging level"),
     _Var("reset_limit", ("HORA_RESET_LIMIT", "HOROVOD_RESET_LIMIT"), int,
          "elastic resets a worker may go through (unset: no limit)"),
@@ -108,6 +116,10 @@ class Settings:
     # waiting to batch more (see bench/README.md).
     cycle_time: timedelta = timedelta(0)
     cache_capacity: int = 1024
+    timeline: str = ""
+    timeline_mark_cycles: bool = False
+    autotune: bool = False
+    autotune_log: str = ""
     log_level: str = "WARNING"
     reset_limit: int | None = None
 
@@ -160,7 +172,9 @@ class Settings:
             value = getattr(self, var.field)
             if value is None:
                 continue
-            if isinstance(value, timedelta):
+            if isinstance(value, bool):
+                text = "1" if value else "0"
+            elif isinstance(value, timedelta):
                 seconds = value.total_seconds()
                 text = str(seconds * 1000.0) if var.parse is _millis else str(seconds)
             else:

@@ -49,7 +49,8 @@ def test_settings_flags_become_settings_fields() -> None:
         "--num-proc", "4", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
         "--start-timeout", "30", "--stall-check-warning-time-seconds", "10",
         "--stall-check-shutdown-time-seconds", "20", "--log-level", "debug",
-        "--timeline-filename", "/tmp/t.json", "--autotune", "--no-stall-check",
+        "--timeline-filename", "/tmp/t.json", "--timeline-mark-cycles", "--autotune",
+        "--autotune-log-file", "/tmp/at.csv", "--cache-capacity", "7",
         "cmd",
     ], environ={})
     assert config.worker_settings == {
@@ -59,9 +60,19 @@ def test_settings_flags_become_settings_fields() -> None:
         "stall_warning_time": timedelta(seconds=10),
         "stall_shutdown_time": timedelta(seconds=20),
         "log_level": "DEBUG",
+        "timeline": "/tmp/t.json",
+        "timeline_mark_cycles": True,
+        "autotune": True,
+        "autotune_log": "/tmp/at.csv",
+        "cache_capacity": 7,
     }
-    assert config.horovod_env == {"HOROVOD_TIMELINE": "/tmp/t.json", "HOROVOD_AUTOTUNE": "1",
-                                  "HOROVOD_STALL_CHECK_DISABLE": "1"}
+    assert config.horovod_env == {}
+
+
+def test_no_stall_check_turns_both_stall_times_off() -> None:
+    config = parse_args(["-np", "1", "--no-stall-check", "cmd"], environ={})
+    assert config.worker_settings == {"stall_warning_time": timedelta(0),
+                                      "stall_shutdown_time": timedelta(0)}
 
 
 def test_hora_spellings_of_stall_flags() -> None:

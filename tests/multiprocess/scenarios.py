@@ -611,3 +611,56 @@ def cache_invalidation():
         out["mismatch"] = (type(exc).__name__, str(exc))
     out["after"] = hvd.allreduce(torch.ones(2), name="x", op=hvd.Sum)
     return out
+
+
+def fusion_mix(rounds: int = 3):
+    """Many async allreduces of mixed dtypes and sizes, some above the fusion threshold."""
+    rank = hvd.rank()
+    specs = [(torch.float32, 10), (torch.float64, 7), (torch.float32, 3000), (torch.int64, 5),
+             (torch.float32, 1), (torch.float16, 64), (torch.float64, 900), (torch.int32, 33)]
+    results = []
+    for _ in range(rounds):  # round 0 negotiates, later rounds come from the cache
+        handles = []
+        for i, (dtype, n) in enumerate(specs):
+            x = make_input(rank, dtype, (n,), salt=i)
+            handles.append(hvd.allreduce_async(x, name=f"fuse.{i}", op=hvd.Sum))
+        results.append([hvd.synchronize(h) for h in handles])
+    return results, [(str(d), n) for d, n in specs]
+
+
+def timeline_run(path_at_start: str, path_later: str):
+    rank = hvd.rank()
+    for _ in range(3):
+        handles = [hvd.allreduce_async(torch.ones(100) * rank, name=f"grad.{i}")
+                   for i in range(4)]
+        for h in handles:
+            hvd.synchronize(h)
+    hvd.broadcast(torch.ones(3), root_rank=0, name="bcast")
+    hvd.stop_timeline()
+    hvd.start_timeline(path_later, mark_cycles=False)
+    hvd.allreduce(torch.ones(2), name="later")
+    hvd.stop_timeline()
+    return True
+
+
+def train_for(seconds: float):
+    """A small DistributedOptimizer loop for a fixed time (used with --autotune)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    data = torch.randn(32, 64)
+    deadline = time.monotonic() + seconds
+    steps = 0
+    while True:
+        opt.zero_grad()
+        model(data).pow(2).mean().backward()
+        opt.step()
+        steps += 1
+        # Every rank stops at the same step: rank 0's clock decides.
+        if hvd.broadcast_object(time.monotonic() > deadline, root_rank=0, name=f"stop.{steps}"):
+            break
+    return steps

@@ -24,6 +24,7 @@ HOROVOD_TORCH = {
     "HorovodInternalError", "HostsUpdatedInterrupt",
     "gloo_built", "gloo_enabled", "nccl_built", "mpi_built", "mpi_enabled", "ccl_built",
     "cuda_built", "rocm_built", "ddl_built", "mpi_threads_supported",
+    "start_timeline", "stop_timeline",
 }
 
 # Names that later issues bring (process sets, join, SyncBatchNorm, elastic).

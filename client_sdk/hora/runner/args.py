@@ -178,8 +178,15 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
                         help="seconds a tensor may wait before the job fails (0: never)")
     tuning.add_argument("--timeline-filename", metavar="FILE",
                         help="write a timeline (Chrome trace) to FILE")
+    tuning.add_argument("--timeline-mark-cycles", action="store_true",
+                        help="mark each agreement round (cycle) in the timeline")
     tuning.add_argument("--autotune", action="store_true",
                         help="let workers tune fusion threshold and cycle time")
+    tuning.add_argument("--autotune-log-file", metavar="FILE",
+                        help="CSV log of the settings autotune tried")
+    tuning.add_argument("--cache-capacity", type=int, metavar="N",
+                        help="negotiated allreduces remembered to skip the coordinator "
+                             "(0 disables the response cache)")
     tuning.add_argument("--log-level", type=_log_level, metavar="LEVEL",
                         help=f"workers' log level ({', '.join(LOG_LEVELS)})")
 
@@ -246,6 +253,16 @@ def parse_args(argv: Sequence[str] | None = None,
         settings["stall_shutdown_time"] = timedelta(seconds=ns.stall_shutdown_time)
     if ns.log_level is not None:
         settings["log_level"] = ns.log_level
+    if ns.cache_capacity is not None:
+        settings["cache_capacity"] = ns.cache_capacity
+    if ns.timeline_filename:
+        settings["timeline"] = ns.timeline_filename
+    if ns.timeline_mark_cycles:
+        settings["timeline_mark_cycles"] = True
+    if ns.autotune:
+        settings["autotune"] = True
+    if ns.autotune_log_file:
+        settings["autotune_log"] = ns.autotune_log_file
     try:
         # The same validation a worker will apply, so a bad flag fails here
         # once rather than in N workers.
@@ -253,14 +270,11 @@ def parse_args(argv: Sequence[str] | None = None,
     except SettingsError as exc:
         parser.error(str(exc))
 
-    # Horovod's own variable names for what hora's Settings does not model yet.
-    horovod_env: dict[str, str] = {}
-    if ns.timeline_filename:
-        horovod_env["HOROVOD_TIMELINE"] = ns.timeline_filename
-    if ns.autotune:
-        horovod_env["HOROVOD_AUTOTUNE"] = "1"
     if ns.no_stall_check:
-        horovod_env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+        settings["stall_warning_time"] = timedelta(0)
+        settings["stall_shutdown_time"] = timedelta(0)
+    # Horovod's own variable names for what hora's Settings does not model.
+    horovod_env: dict[str, str] = {}
 
     token = ns.token or env.get("HORA_TOKEN") or secrets.token_hex(16)
     job_id = ns.job_id or f"job-{uuid.uuid4().hex[:12]}"

@@ -61,6 +61,8 @@ from .mpi_ops import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
     synchronize,
 )
 from .optimizer import DistributedOptimizer
@@ -78,5 +80,5 @@ __all__ = [
     "grouped_allreduce_async_", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
     "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll",
     "rank", "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
-    "synchronize",
+    "start_timeline", "stop_timeline", "synchronize",
 ]

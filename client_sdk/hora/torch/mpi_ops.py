@@ -33,6 +33,7 @@ __all__ = [
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "barrier", "join", "poll", "synchronize", "add_process_set", "remove_process_set",
+    "start_timeline", "stop_timeline",
     "gloo_built", "gloo_enabled", "nccl_built", "mpi_built", "mpi_enabled", "ccl_built",
     "cuda_built", "rocm_built", "ddl_built", "mpi_threads_supported",
 ]
@@ -748,6 +749,20 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
     out = _ReducescatterFunction.apply(compressed, name, op, process_set, prescale_factor,
                                        postscale_factor)
     return compression.decompress(out, cctx)
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts recording a Chrome-trace timeline to ``file_path`` (written by rank 0).
+
+    Open it in chrome://tracing or Perfetto; events carry Horovod's names
+    (NEGOTIATE_ALLREDUCE, QUEUE, MEMCPY_IN_FUSION_BUFFER, GLOO_ALLREDUCE, ...).
+    """
+    _runtime.current().engine.start_timeline(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stops recording the timeline and closes its file."""
+    _runtime.current().engine.stop_timeline()
 
 
 def join(device: int = -1) -> int:
