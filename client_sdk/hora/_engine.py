@@ -222,6 +222,7 @@ class Engine:
         self._cache = ResponseCache(settings.cache_capacity)
         self._cache_on = settings.cache_capacity > 0
         self._cached_pending: dict[int, Entry] = {}
+        self._unclassified: list[Entry] = []
         self._invalid_slots: set[int] = set()
         self._join_announced = False
         self.rounds = 0
@@ -282,28 +283,36 @@ class Engine:
                 self._join = entry
                 self._join_announced = False
                 self._work.notify()
-            elif self._cache_on and entry.cacheable() and self._cache_hit(entry):
+            elif self._cache_on and entry.cacheable():
+                # The round loop decides hit or miss: it owns the cache, and at
+                # its round boundaries every rank's cache is the same.
+                self._unclassified.append(entry)
+                self._work.notify()
                 return entry.handle
         self._stream.send(entry.request())
         return entry.handle
 
-    def _cache_hit(self, entry: Entry) -> bool:
-        """Marks ``entry`` ready in its cache slot; False sends it to the coordinator.
+    def _classify(self) -> list[Entry]:
+        """Sorts new cacheable entries into cache hits; returns the misses to send.
 
         A cached name whose signature changed is announced invalid, so that
-        every rank drops the slot and asks the coordinator again.
+        every rank drops the slot and asks the coordinator again. Called with
+        the lock held, by the round loop only.
         """
-        found = self._cache.lookup(entry.name)
-        if found is None:
-            return False
-        slot, signature = found
-        if signature != entry.signature():
-            self._invalid_slots.add(slot)
-            self._work.notify()
-            return False
-        self._cached_pending[slot] = entry
-        self._work.notify()
-        return True
+        misses = []
+        for entry in self._unclassified:
+            found = self._cache.lookup(entry.name) if self._cache_on else None
+            if found is None:
+                misses.append(entry)
+                continue
+            slot, signature = found
+            if signature != entry.signature():
+                self._invalid_slots.add(slot)
+                misses.append(entry)
+                continue
+            self._cached_pending[slot] = entry
+        self._unclassified.clear()
+        return misses
 
     def failure(self) -> HoraError | None:
         return self._failure
@@ -372,6 +381,7 @@ class Engine:
                 self._failure = error
             pending, self._pending = self._pending, {}
             self._cached_pending.clear()
+            self._unclassified.clear()
             self._work.notify_all()
         if pending and not self._stopping.is_set():
             log.error("rank %d: failing %d pending tensor(s) (%s): %s", self.rank, len(pending),
@@ -518,7 +528,7 @@ class Engine:
                 self._run_safely(response, lambda r=response: self._execute(r))
 
     def _round_work(self) -> bool:
-        return bool(self._cached_pending or self._invalid_slots
+        return bool(self._unclassified or self._cached_pending or self._invalid_slots
                     or self._received > self._executed
                     or (self._join is not None and not self._join_announced))
 
@@ -546,6 +556,14 @@ class Engine:
                     self._work.wait(0.5)
                 if self._stopping.is_set() or self._failure is not None:
                     return
+                misses = self._classify()
+            for entry in misses:
+                self._stream.send(entry.request())
+            with self._lock:
+                if not (self._cached_pending or self._invalid_slots
+                        or self._received > self._executed
+                        or (self._join is not None and not self._join_announced)):
+                    continue  # only misses: the coordinator answers, then we meet
             if cycle > 0:
                 time.sleep(cycle)  # let more tensors become ready, for fusion
             with self._lock:
