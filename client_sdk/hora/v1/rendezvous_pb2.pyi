@@ -34,7 +34,7 @@ JOB_STATE_FINISHED: JobState
 JOB_STATE_FAILED: JobState
 
 class JoinRequest(_message.Message):
-    __slots__ = ("job_id", "worker_id", "host", "pid", "expected_size", "rank_hint", "data_plane_address", "fusion_threshold_bytes", "stall_warning_ms", "stall_shutdown_ms")
+    __slots__ = ("job_id", "worker_id", "host", "pid", "expected_size", "rank_hint", "data_plane_address", "fusion_threshold_bytes", "stall_warning_ms", "stall_shutdown_ms", "min_size", "max_size", "elastic_timeout_ms")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,9 @@ class JoinRequest(_message.Message):
     FUSION_THRESHOLD_BYTES_FIELD_NUMBER: _ClassVar[int]
     STALL_WARNING_MS_FIELD_NUMBER: _ClassVar[int]
     STALL_SHUTDOWN_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: str
     host: str
@@ -55,7 +58,10 @@ class JoinRequest(_message.Message):
     fusion_threshold_bytes: int
     stall_warning_ms: int
     stall_shutdown_ms: int
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., expected_size: _Optional[int] = ..., rank_hint: _Optional[int] = ..., data_plane_address: _Optional[str] = ..., fusion_threshold_bytes: _Optional[int] = ..., stall_warning_ms: _Optional[int] = ..., stall_shutdown_ms: _Optional[int] = ...) -> None: ...
+    min_size: int
+    max_size: int
+    elastic_timeout_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., expected_size: _Optional[int] = ..., rank_hint: _Optional[int] = ..., data_plane_address: _Optional[str] = ..., fusion_threshold_bytes: _Optional[int] = ..., stall_warning_ms: _Optional[int] = ..., stall_shutdown_ms: _Optional[int] = ..., min_size: _Optional[int] = ..., max_size: _Optional[int] = ..., elastic_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("rank", "worker_id", "host", "pid", "state", "data_plane_address", "local_rank", "last_heartbeat_unix_ms")
@@ -110,14 +116,16 @@ class JoinResponse(_message.Message):
     def __init__(self, world: _Optional[_Union[WorldView, _Mapping]] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("job_id", "worker_id", "reason")
+    __slots__ = ("job_id", "worker_id", "reason", "rejoin")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REJOIN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: str
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    rejoin: bool
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ..., rejoin: _Optional[bool] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
     __slots__ = ()
@@ -134,16 +142,66 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("generation", "job_state", "lease_ms", "failure")
+    __slots__ = ("generation", "job_state", "lease_ms", "failure", "host_update_epoch", "removals_only")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    HOST_UPDATE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REMOVALS_ONLY_FIELD_NUMBER: _ClassVar[int]
     generation: int
     job_state: JobState
     lease_ms: int
     failure: str
-    def __init__(self, generation: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., lease_ms: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
+    host_update_epoch: int
+    removals_only: bool
+    def __init__(self, generation: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., lease_ms: _Optional[int] = ..., failure: _Optional[str] = ..., host_update_epoch: _Optional[int] = ..., removals_only: _Optional[bool] = ...) -> None: ...
+
+class ReportEventRequest(_message.Message):
+    __slots__ = ("job_id", "kind", "host", "message")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    kind: str
+    host: str
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., kind: _Optional[str] = ..., host: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReportEventResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("unix_ms", "kind", "generation", "rank", "host", "pid", "message")
+    UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    unix_ms: int
+    kind: str
+    generation: int
+    rank: int
+    host: str
+    pid: int
+    message: str
+    def __init__(self, unix_ms: _Optional[int] = ..., kind: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[JobEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ...) -> None: ...
 
 class GetWorldRequest(_message.Message):
     __slots__ = ("job_id", "worker_id")

@@ -54,6 +54,16 @@ class RendezvousStub:
                 request_serializer=hora_dot_v1_dot_rendezvous__pb2.GetWorldRequest.SerializeToString,
                 response_deserializer=hora_dot_v1_dot_rendezvous__pb2.JoinResponse.FromString,
                 _registered_method=True)
+        self.ReportEvent = channel.unary_unary(
+                '/hora.v1.Rendezvous/ReportEvent',
+                request_serializer=hora_dot_v1_dot_rendezvous__pb2.ReportEventRequest.SerializeToString,
+                response_deserializer=hora_dot_v1_dot_rendezvous__pb2.ReportEventResponse.FromString,
+                _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/hora.v1.Rendezvous/ListEvents',
+                request_serializer=hora_dot_v1_dot_rendezvous__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=hora_dot_v1_dot_rendezvous__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
 
 
 class RendezvousServicer:
@@ -97,6 +107,22 @@ class RendezvousServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportEvent(self, request, context):
+        """Records something the launcher saw (a host blacklisted or back from
+        its cooldown, a worker started on a new host) in the job's event log,
+        so that GET /api/v1/jobs/{job_id}/events shows the whole story.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEvents(self, request, context):
+        """Lists the job's events, oldest first (what the REST API serves).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RendezvousServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -119,6 +145,16 @@ def add_RendezvousServicer_to_server(servicer, server):
                     servicer.GetWorld,
                     request_deserializer=hora_dot_v1_dot_rendezvous__pb2.GetWorldRequest.FromString,
                     response_serializer=hora_dot_v1_dot_rendezvous__pb2.JoinResponse.SerializeToString,
+            ),
+            'ReportEvent': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportEvent,
+                    request_deserializer=hora_dot_v1_dot_rendezvous__pb2.ReportEventRequest.FromString,
+                    response_serializer=hora_dot_v1_dot_rendezvous__pb2.ReportEventResponse.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=hora_dot_v1_dot_rendezvous__pb2.ListEventsRequest.FromString,
+                    response_serializer=hora_dot_v1_dot_rendezvous__pb2.ListEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -229,6 +265,60 @@ class Rendezvous:
             '/hora.v1.Rendezvous/GetWorld',
             hora_dot_v1_dot_rendezvous__pb2.GetWorldRequest.SerializeToString,
             hora_dot_v1_dot_rendezvous__pb2.JoinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportEvent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hora.v1.Rendezvous/ReportEvent',
+            hora_dot_v1_dot_rendezvous__pb2.ReportEventRequest.SerializeToString,
+            hora_dot_v1_dot_rendezvous__pb2.ReportEventResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hora.v1.Rendezvous/ListEvents',
+            hora_dot_v1_dot_rendezvous__pb2.ListEventsRequest.SerializeToString,
+            hora_dot_v1_dot_rendezvous__pb2.ListEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,
