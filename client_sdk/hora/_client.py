@@ -42,6 +42,11 @@ log = logging.getLogger("hora.client")
 TOKEN_METADATA_KEY = "hora-token"
 
 
+# One identity per process: an elastic worker that re-joins after a reset is
+# recognised by the coordinator as the same member, so it keeps its place.
+PROCESS_WORKER_ID = uuid.uuid4().hex
+
+
 class StoreKeyError(KeyError):
     """A store key did not appear before its deadline."""
 
@@ -64,7 +69,7 @@ class CoordinatorClient:
                 "HORA_COORDINATOR=HOST:PORT (and HORA_JOB_ID, HORA_TOKEN)")
         self.settings = settings
         self.job_id = settings.job_id
-        self.worker_id = uuid.uuid4().hex
+        self.worker_id = PROCESS_WORKER_ID
         self._metadata = ((TOKEN_METADATA_KEY, settings.token),)
         self._channel = grpc.insecure_channel(
             settings.coordinator,
@@ -131,25 +136,32 @@ class CoordinatorClient:
             fusion_threshold_bytes=s.fusion_threshold,
             stall_warning_ms=int(s.stall_warning_time.total_seconds() * 1000),
             stall_shutdown_ms=int(s.stall_shutdown_time.total_seconds() * 1000),
+            min_size=s.min_size, max_size=s.max_size,
+            elastic_timeout_ms=int(s.elastic_timeout.total_seconds() * 1000),
         )
+        # An elastic round may wait up to the elastic timeout for enough workers.
+        deadline = max(s.start_timeout, s.elastic_timeout) if s.min_size else s.start_timeout
         try:
             response = self._rendezvous.Join(
-                request, timeout=_seconds(s.start_timeout), metadata=self._metadata)
+                request, timeout=_seconds(deadline), metadata=self._metadata)
         except grpc.RpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise RendezvousTimeoutError(
                     f"job {s.job_id!r}: the world of {s.size} workers did not gather within "
-                    f"{s.start_timeout.total_seconds():g} s (HORA_START_TIMEOUT)") from exc
+                    f"{deadline.total_seconds():g} s (HORA_START_TIMEOUT)") from exc
             if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
                 raise RendezvousError(f"job {s.job_id!r}: join refused: {exc.details()}") from exc
             raise self._error(exc, "join") from exc
         return response.world
 
-    def leave(self, reason: str = "shutdown") -> None:
-        """Tells the coordinator this worker leaves on purpose (best effort)."""
+    def leave(self, reason: str = "shutdown", rejoin: bool = False) -> None:
+        """Tells the coordinator this worker leaves on purpose (best effort).
+
+        With ``rejoin`` it leaves this generation only (an elastic reset).
+        """
         request = rendezvous_pb2.LeaveRequest(
-            job_id=self.job_id, worker_id=self.worker_id, reason=reason)
+            job_id=self.job_id, worker_id=self.worker_id, reason=reason, rejoin=rejoin)
         try:
             self._call("leave", self._rendezvous.Leave, request, timedelta(seconds=5))
         except CoordinatorError as exc:

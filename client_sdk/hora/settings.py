@@ -91,6 +91,10 @@ ENV_VARS: tuple[_Var, ...] = (
     _Var("log_level", ("HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL"), str, "logging level"),
     _Var("reset_limit", ("HORA_RESET_LIMIT", "HOROVOD_RESET_LIMIT"), int,
          "elastic resets a worker may go through (unset: no limit)"),
+    _Var("min_size", ("HORA_MIN_SIZE",), int, "elastic: fewest workers the job runs with"),
+    _Var("max_size", ("HORA_MAX_SIZE",), int, "elastic: most workers the job runs with"),
+    _Var("elastic_timeout", ("HORA_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT"), _seconds,
+         "elastic: seconds a round may wait for min_size workers"),
 )
 
 
@@ -122,6 +126,9 @@ class Settings:
     autotune_log: str = ""
     log_level: str = "WARNING"
     reset_limit: int | None = None
+    min_size: int = 0
+    max_size: int = 0
+    elastic_timeout: timedelta = timedelta(seconds=600)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -152,8 +159,12 @@ class Settings:
         """Raises SettingsError when a value is out of its range."""
         if self.size < 1:
             raise SettingsError(f"size must be at least 1, got {self.size}")
-        if self.rank >= self.size:
+        if self.rank >= max(self.size, self.max_size):
             raise SettingsError(f"rank {self.rank} is outside a world of size {self.size}")
+        if self.min_size and not 1 <= self.min_size <= (self.max_size or self.min_size):
+            raise SettingsError(
+                f"elastic sizes need 1 <= min_size <= max_size, got {self.min_size} and "
+                f"{self.max_size}")
         if self.cache_capacity < 0:
             raise SettingsError(f"cache capacity must be >= 0, got {self.cache_capacity}")
         if self.cycle_time < timedelta(0):
