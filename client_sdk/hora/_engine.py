@@ -251,6 +251,7 @@ class Engine:
         self._coordinator_store = CoordinatorStore(client, settings.start_timeout)
         self._store = dist.PrefixStore(world.store_prefix, self._coordinator_store)
         self._backend("cpu", self._sets[0])  # every rank builds the CPU data plane at init
+        self._note_heartbeat(client.heartbeat(world.generation))
         self._stream: NegotiationStream = client.open_stream(world.generation)
         self._threads = [
             threading.Thread(target=self._read_loop, name="hora-reader", daemon=True),
@@ -481,9 +482,13 @@ class Engine:
                     return
                 continue
             last_ok = time.monotonic()
-            if reply.job_state == rendezvous_pb2.JOB_STATE_FAILED:
-                self._fail(HorovodInternalError(f"the job failed: {reply.failure}"))
+            self._note_heartbeat(reply)
             self._warn_cached_stalls()
+
+    def _note_heartbeat(self, reply: rendezvous_pb2.HeartbeatResponse) -> None:
+        if reply.job_state == rendezvous_pb2.JOB_STATE_FAILED:
+            self._fail(HorovodInternalError(f"the job failed: {reply.failure}"))
+        self._host_epoch = (reply.host_update_epoch, reply.removals_only)
 
     def _warn_cached_stalls(self) -> None:
         """Stall warnings for cached tensors, which the coordinator does not see."""
@@ -885,12 +890,13 @@ class Engine:
 
     # -- shutdown -------------------------------------------------------------
 
-    def shutdown(self, timeout: timedelta = timedelta(seconds=10)) -> None:
-        """Leaves the job, stops the threads and releases the data plane."""
+    def shutdown(self, timeout: timedelta = timedelta(seconds=10), rejoin: bool = False) -> None:
+        """Leaves the job (or, with ``rejoin``, this generation), stops the threads
+        and releases the data plane."""
         if self._stopping.is_set():
             return
         self._stopping.set()
-        self._client.leave()
+        self._client.leave(reason="reset" if rejoin else "shutdown", rejoin=rejoin)
         self._stream.close()
         self._fail(HorovodInternalError("hora has been shut down"))
         for group in self._sets.values():

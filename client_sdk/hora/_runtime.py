@@ -80,9 +80,9 @@ class Runtime:
         """Names an unnamed tensor the same way on every rank (call order is the same)."""
         return f"{op}.noname.{next(self._names)}"
 
-    def close(self) -> None:
+    def close(self, rejoin: bool = False) -> None:
         try:
-            self.engine.shutdown()
+            self.engine.shutdown(rejoin=rejoin)
         finally:
             self.client.close()
             self._stop_local_coordinator()
@@ -127,13 +127,18 @@ def is_initialized() -> bool:
     return _runtime is not None
 
 
-def shutdown() -> None:
-    """Leaves the job and releases everything ``init()`` built. Idempotent."""
+def shutdown(rejoin: bool = False) -> None:
+    """Leaves the job and releases everything ``init()`` built. Idempotent.
+
+    Args:
+        rejoin: leave only this generation (an elastic reset): the next
+            ``init()`` joins the job's next generation as the same member.
+    """
     global _runtime
     with _lock:
         runtime, _runtime = _runtime, None
     if runtime is not None:
-        runtime.close()
+        runtime.close(rejoin=rejoin)
 
 
 atexit.register(shutdown)

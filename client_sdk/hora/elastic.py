@@ -70,6 +70,12 @@ class State:
         self.save()
         self.check_host_updates()
 
+    def sync_host_updates(self) -> None:
+        """Adopts rank 0's host-change epoch, so that changes already handled do not
+        interrupt again (a worker that just joined starts from the job's epoch)."""
+        epoch, _ = self._bcast_object(self._host_update_epoch())
+        self._last_host_epoch = epoch
+
     def check_host_updates(self) -> None:
         """Raises HostsUpdatedInterrupt on every rank when rank 0 has seen a host change."""
         epoch, removals_only = self._host_update_epoch()
@@ -136,6 +142,7 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None],
             try:
                 if not skip_sync:
                     state.sync()
+                state.sync_host_updates()
                 return func(state, *args, **kwargs)
             except HorovodInternalError as exc:
                 log.warning("collective failed (%s); restoring the last commit", exc)

@@ -28,7 +28,7 @@ __all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "O
 def _reset() -> None:
     from .. import mpi_ops
 
-    mpi_ops.shutdown()
+    _runtime.shutdown(rejoin=True)
     mpi_ops.init()
 
 
