@@ -18,6 +18,7 @@ functions that re-join (``reset``) and broadcast objects.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from collections.abc import Callable, Iterable
@@ -110,10 +111,12 @@ class ObjectState(State):
 
     def _set_attrs(self) -> None:
         for name, value in self._saved_state.items():
-            setattr(self, name, value)
+            setattr(self, name, copy.deepcopy(value))
 
     def save(self) -> None:
-        self._saved_state = {name: getattr(self, name) for name in self._saved_state}
+        # A copy: training may mutate a list or dict attribute after the commit.
+        self._saved_state = {name: copy.deepcopy(getattr(self, name))
+                             for name in self._saved_state}
 
     def restore(self) -> None:
         self._set_attrs()
