@@ -1,0 +1,101 @@
+"""What the Gloo and NCCL backends share: collectives over a torch.distributed process group."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .base import BackendError, ReduceKind
+
+__all__ = ["ProcessGroupBackend"]
+
+_OPS = {
+    ReduceKind.SUM: dist.ReduceOp.SUM,
+    ReduceKind.MIN: dist.ReduceOp.MIN,
+    ReduceKind.MAX: dist.ReduceOp.MAX,
+    ReduceKind.PRODUCT: dist.ReduceOp.PRODUCT,
+}
+
+
+class ProcessGroupBackend:
+    """The backend interface over one process group built by a subclass.
+
+    Subclasses set ``name``, build ``self._pg`` in ``__init__``, and may
+    override :meth:`_wait` (NCCL also waits for its stream).
+    """
+
+    name = "process-group"
+
+    def __init__(self, pg: Any, rank: int, size: int) -> None:
+        self._pg = pg
+        self.rank = rank
+        self.size = size
+
+    @property
+    def pg(self) -> Any:
+        if self._pg is None:
+            raise BackendError(f"{self.name}: the process group is closed")
+        return self._pg
+
+    def _wait(self, work: dist.Work) -> None:
+        work.wait()
+
+    def _run(self, what: str, work: dist.Work) -> None:
+        try:
+            self._wait(work)
+        except RuntimeError as exc:
+            raise BackendError(f"{self.name} {what} failed on rank {self.rank}: {exc}") from exc
+
+    def allreduce(self, tensor: torch.Tensor, op: ReduceKind) -> None:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _OPS[op]
+        self._run("allreduce", self.pg.allreduce([tensor], opts))
+
+    def allgatherv(self, output: torch.Tensor, tensor: torch.Tensor,
+                   counts: Sequence[int]) -> None:
+        # all_to_all with each rank sending its whole tensor to every rank
+        # handles ragged first dimensions without padding, and Gloo's
+        # all_to_all runs about 3x faster than its all_gather here.
+        rows = tensor.shape[0]
+        send = torch.cat([tensor] * self.size) if self.size > 1 else tensor
+        self.alltoallv(output, send, list(counts), [rows] * self.size)
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        opts.rootTensor = 0
+        self._run("broadcast", self.pg.broadcast([tensor], opts))
+
+    def alltoallv(self, output: torch.Tensor, tensor: torch.Tensor,
+                  output_splits: Sequence[int], input_splits: Sequence[int]) -> None:
+        self._run("alltoall", self.pg.alltoall_base(
+            output, tensor, list(output_splits), list(input_splits), dist.AllToAllOptions()))
+
+    def reducescatter(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceKind,
+                      counts: Sequence[int]) -> None:
+        if len(set(counts)) == 1:
+            chunks = list(tensor.split(list(counts)))
+            opts = dist.ReduceScatterOptions()
+            opts.reduceOp = _OPS[op]
+            self._run("reducescatter", self.pg.reduce_scatter([output], [chunks], opts))
+            return
+        # Uneven splits: the libraries want equal chunks, so reduce the whole
+        # tensor and keep this rank's rows.
+        work = tensor.clone()
+        self.allreduce(work, op)
+        start = sum(counts[: self.rank])
+        output.copy_(work.narrow(0, start, counts[self.rank]))
+
+    def barrier(self) -> None:
+        self._run("barrier", self.pg.barrier(dist.BarrierOptions()))
+
+    def close(self) -> None:
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            try:
+                pg.shutdown()
+            except RuntimeError:
+                pass  # a group whose peers are gone cannot shut down cleanly
