@@ -1,7 +1,9 @@
 """Command line of ``horarun``: flags in, a frozen :class:`LaunchConfig` out.
 
 Flags follow horovodrun's spelling so that a Horovod user's command line
-works unchanged. Option parsing stops at the first positional argument:
+works unchanged, elastic ones included (``--min-np``, ``--max-np``,
+``--host-discovery-script``, ...): any of ``--min-np``, ``--max-np`` or
+``--host-discovery-script`` makes the job elastic (:class:`ElasticConfig`). Option parsing stops at the first positional argument:
 that and everything after it is the worker command, its own ``--flags``
 included.
 """
@@ -19,10 +21,37 @@ from typing import Any
 
 from hora.settings import MiB, Settings, SettingsError
 
-__all__ = ["LaunchConfig", "build_parser", "parse_args", "parse_address"]
+__all__ = ["ElasticConfig", "LaunchConfig", "build_parser", "parse_args", "parse_address"]
 
 # Python's names and Horovod's (TRACE, FATAL); workers map them onto logging.
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """How an elastic job may grow and shrink, and where its hosts come from.
+
+    Attributes:
+        min_np: fewest workers the job runs with.
+        max_np: most workers the job runs with; None for no limit (workers
+            are then not told a maximum).
+        discovery_script: shell command printing ``host[:slots]`` lines, or
+            None when the hosts are the fixed ``-H`` / ``--hostfile`` list.
+        slots_per_host: slots of a discovered host printed without ``:slots``.
+        reset_limit: elastic resets a worker may go through (None: no limit).
+        cooldown_range: ``(MIN, MAX)`` of a blacklisted host's cooldown, or
+            None to blacklist hosts for good.
+        elastic_timeout: how long the job may stay below ``min_np`` workers
+            (and how long the launcher waits for them at the start).
+    """
+
+    min_np: int
+    max_np: int | None = None
+    discovery_script: str | None = None
+    slots_per_host: int = 1
+    reset_limit: int | None = None
+    cooldown_range: tuple[timedelta, timedelta] | None = None
+    elastic_timeout: timedelta = timedelta(seconds=600)
 
 
 @dataclass(frozen=True)
@@ -30,7 +59,7 @@ class LaunchConfig:
     """What one ``horarun`` invocation was asked to do.
 
     Attributes:
-        num_proc: world size.
+        num_proc: world size (elastic: the number of workers started first).
         hosts_arg: the ``-H`` value, or None.
         hostfile: the ``--hostfile`` path, or None.
         coordinator: ``HOST:PORT`` of a running coordinator, or None to embed one.
@@ -46,6 +75,7 @@ class LaunchConfig:
         prefix: prefix every output line with the rank.
         horovod_compat: put the ``horovod`` import shim on the workers' path.
         command: the worker command and its arguments.
+        elastic: the elastic job's limits and host source; None for a fixed world.
     """
 
     num_proc: int
@@ -62,6 +92,7 @@ class LaunchConfig:
     output_dir: str | None = None
     prefix: bool = True
     horovod_compat: bool = False
+    elastic: ElasticConfig | None = None
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -96,6 +127,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -143,14 +184,40 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
         epilog="Example: horarun -np 2 python train.py --epochs 3",
         allow_abbrev=False,
     )
+    # Required unless the job is elastic; checked in parse_args.
     parser.add_argument("-np", "--num-proc", dest="num_proc", type=_positive_int,
-                        required=True, metavar="N", help="number of worker processes")
+                        metavar="N", help="number of worker processes (elastic: how many "
+                                          "to start with; default --min-np)")
 
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
                        help="hosts and their slots, e.g. 'h1:2,h2:2' (default: localhost:N)")
     hosts.add_argument("--hostfile", metavar="FILE",
                        help="file with one 'HOST slots=N' or 'HOST:N' per line")
+    hosts.add_argument("--host-discovery-script", metavar="SCRIPT",
+                       help="elastic: shell command printing the available hosts, one "
+                            "'HOST' or 'HOST:SLOTS' per line; run every second")
+
+    elastic = parser.add_argument_group(
+        "elastic", "An elastic job grows and shrinks between --min-np and --max-np "
+                   "workers as hosts come and go; any of --min-np, --max-np or "
+                   "--host-discovery-script makes a job elastic.")
+    elastic.add_argument("--min-np", type=_positive_int, metavar="M",
+                         help="fewest workers the job runs with (default -np)")
+    elastic.add_argument("--max-np", type=_positive_int, metavar="X",
+                         help="most workers the job runs with (default: no limit)")
+    elastic.add_argument("--slots-per-host", type=_positive_int, metavar="N",
+                         help="slots of a discovered host printed without ':SLOTS' "
+                              "(default 1)")
+    elastic.add_argument("--reset-limit", type=_non_negative_int, metavar="N",
+                         help="elastic resets a worker may go through (default: no limit)")
+    elastic.add_argument("--blacklist-cooldown-range", type=_non_negative_float, nargs=2,
+                         metavar=("MIN", "MAX"),
+                         help="a host blacklisted after a failure comes back after a random "
+                              "MIN..MAX seconds, doubling on each further failure up to MAX "
+                              "(default: blacklisted for good)")
+    elastic.add_argument("--elastic-timeout", type=_positive_float, metavar="SECONDS",
+                         help="seconds the job may stay below --min-np workers (default 600)")
 
     coord = parser.add_argument_group("coordinator")
     coord.add_argument("--coordinator", type=_address, metavar="HOST:PORT",
@@ -240,7 +307,22 @@ def parse_args(argv: Sequence[str] | None = None,
     if not command:
         parser.error("no command given (e.g. horarun -np 2 python train.py)")
 
+    elastic = _elastic_config(parser, ns)
+    if elastic is None:
+        if ns.num_proc is None:
+            parser.error("the following arguments are required: -np/--num-proc")
+        num_proc = ns.num_proc
+    else:
+        num_proc = ns.num_proc if ns.num_proc is not None else elastic.min_np
+
     settings: dict[str, Any] = {}
+    if elastic is not None:
+        settings["min_size"] = elastic.min_np
+        if elastic.max_np is not None:
+            settings["max_size"] = elastic.max_np
+        settings["elastic_timeout"] = elastic.elastic_timeout
+        if elastic.reset_limit is not None:
+            settings["reset_limit"] = elastic.reset_limit
     if ns.fusion_threshold_mb is not None:
         settings["fusion_threshold"] = int(ns.fusion_threshold_mb * MiB)
     if ns.cycle_time_ms is not None:
@@ -266,7 +348,7 @@ def parse_args(argv: Sequence[str] | None = None,
     try:
         # The same validation a worker will apply, so a bad flag fails here
         # once rather than in N workers.
-        Settings(size=ns.num_proc, rank=0, **settings).validate()
+        Settings(size=num_proc, rank=0, **settings).validate()
     except SettingsError as exc:
         parser.error(str(exc))
 
@@ -279,7 +361,7 @@ def parse_args(argv: Sequence[str] | None = None,
     token = ns.token or env.get("HORA_TOKEN") or secrets.token_hex(16)
     job_id = ns.job_id or f"job-{uuid.uuid4().hex[:12]}"
     return LaunchConfig(
-        num_proc=ns.num_proc,
+        num_proc=num_proc,
         command=tuple(command),
         hosts_arg=ns.hosts,
         hostfile=ns.hostfile,
@@ -293,4 +375,68 @@ def parse_args(argv: Sequence[str] | None = None,
         output_dir=ns.output_filename,
         prefix=not ns.disable_prefix,
         horovod_compat=ns.horovod_compat,
+        elastic=elastic,
+    )
+
+
+_ELASTIC_ONLY = (
+    ("slots_per_host", "--slots-per-host"),
+    ("reset_limit", "--reset-limit"),
+    ("blacklist_cooldown_range", "--blacklist-cooldown-range"),
+    ("elastic_timeout", "--elastic-timeout"),
+)
+
+
+def _elastic_config(parser: argparse.ArgumentParser,
+                    ns: argparse.Namespace) -> ElasticConfig | None:
+    """The elastic part of the command line, or None for a fixed world.
+
+    Raises:
+        SystemExit: (via ``parser.error``) the elastic flags contradict
+            each other or are given to a job that is not elastic.
+    """
+    script = ns.host_discovery_script
+    if script is None and ns.min_np is None and ns.max_np is None:
+        for dest, flag in _ELASTIC_ONLY:
+            if getattr(ns, dest) is not None:
+                parser.error(f"{flag} applies to elastic jobs only; add --min-np/--max-np "
+                             f"or --host-discovery-script")
+        return None
+
+    if script is not None and not script.strip():
+        parser.error("--host-discovery-script: empty command")
+    if script is None and ns.hosts is None and ns.hostfile is None:
+        # horovodrun's rule, relaxed: a fixed -H/--hostfile list also works.
+        parser.error("an elastic job (--min-np/--max-np) needs --host-discovery-script, "
+                     "or a fixed host list with -H or --hostfile")
+    if script is None and ns.slots_per_host is not None:
+        parser.error("--slots-per-host applies to --host-discovery-script only; "
+                     "give slots in -H as HOST:SLOTS")
+    min_np = ns.min_np if ns.min_np is not None else ns.num_proc
+    if min_np is None:
+        parser.error("an elastic job needs --min-np or -np")
+    max_np = ns.max_np
+    if max_np is not None and min_np > max_np:
+        parser.error(f"--min-np {min_np} is larger than --max-np {max_np}")
+    num_proc = ns.num_proc if ns.num_proc is not None else min_np
+    if num_proc < min_np:
+        parser.error(f"-np {num_proc} is below --min-np {min_np}")
+    if max_np is not None and num_proc > max_np:
+        parser.error(f"-np {num_proc} is above --max-np {max_np}")
+    cooldown = None
+    if ns.blacklist_cooldown_range is not None:
+        low, high = ns.blacklist_cooldown_range
+        if low > high:
+            parser.error(f"--blacklist-cooldown-range: MIN {low:g} is larger than "
+                         f"MAX {high:g}")
+        cooldown = (timedelta(seconds=low), timedelta(seconds=high))
+    timeout = ns.elastic_timeout if ns.elastic_timeout is not None else 600.0
+    return ElasticConfig(
+        min_np=min_np,
+        max_np=max_np,
+        discovery_script=script,
+        slots_per_host=ns.slots_per_host if ns.slots_per_host is not None else 1,
+        reset_limit=ns.reset_limit,
+        cooldown_range=cooldown,
+        elastic_timeout=timedelta(seconds=timeout),
     )

@@ -17,7 +17,8 @@ from hora.settings import ENV_VARS, Settings
 
 from .hosts import SlotInfo, data_plane_address
 
-__all__ = ["PER_RANK_FIELDS", "worker_environment"]
+__all__ = ["HOROVOD_PLACEMENT_VARS", "PER_RANK_FIELDS", "elastic_worker_environment",
+           "worker_environment"]
 
 # Settings fields every worker is given, whatever the flags; the others are
 # passed only when a flag set them, so a worker's own defaults (or variables
@@ -26,7 +27,44 @@ PER_RANK_FIELDS = (
     "coordinator", "job_id", "token", "size", "rank", "hostname", "data_plane_address",
 )
 
+# Horovod's placement variables, set for a fixed world only: in an elastic
+# job ranks and sizes change with every generation, so a value fixed at
+# start would soon be wrong.
+HOROVOD_PLACEMENT_VARS = (
+    "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
+)
+
 _FIRST_NAME = {var.field: var.names[0] for var in ENV_VARS}
+
+
+def _environment(base: Mapping[str, str], *, hostname: str, rank: int, size: int,
+                 coordinator: str, job_id: str, token: str,
+                 worker_settings: Mapping[str, Any] | None,
+                 horovod_env: Mapping[str, str] | None) -> dict[str, str]:
+    given = dict(worker_settings or {})
+    settings = Settings(
+        coordinator=coordinator,
+        job_id=job_id,
+        token=token,
+        size=size,
+        rank=rank,
+        hostname=hostname,
+        data_plane_address=data_plane_address(hostname),
+        **given,
+    )
+    settings.validate()
+    wanted = {_FIRST_NAME[name] for name in (*PER_RANK_FIELDS, *given)}
+
+    env = dict(base)
+    env.update(horovod_env or {})
+    env.update({name: value for name, value in settings.to_env().items() if name in wanted})
+    env["HOROVOD_HOSTNAME"] = hostname
+    # Line-buffered output so the launcher can prefix lines as they come.
+    env["PYTHONUNBUFFERED"] = "1"
+    # N workers each with a thread per core oversubscribe small machines badly.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
 
 
 def worker_environment(
@@ -56,23 +94,9 @@ def worker_environment(
     Raises:
         hora.settings.SettingsError: a setting is out of range.
     """
-    given = dict(worker_settings or {})
-    settings = Settings(
-        coordinator=coordinator,
-        job_id=job_id,
-        token=token,
-        size=slot.size,
-        rank=slot.rank,
-        hostname=slot.hostname,
-        data_plane_address=data_plane_address(slot.hostname),
-        **given,
-    )
-    settings.validate()
-    wanted = {_FIRST_NAME[name] for name in (*PER_RANK_FIELDS, *given)}
-
-    env = dict(base)
-    env.update(horovod_env or {})
-    env.update({name: value for name, value in settings.to_env().items() if name in wanted})
+    env = _environment(base, hostname=slot.hostname, rank=slot.rank, size=slot.size,
+                       coordinator=coordinator, job_id=job_id, token=token,
+                       worker_settings=worker_settings, horovod_env=horovod_env)
     # Horovod's contract: scripts read these before (or instead of) hvd.init().
     env.update({
         "HOROVOD_RANK": str(slot.rank),
@@ -81,10 +105,46 @@ def worker_environment(
         "HOROVOD_LOCAL_SIZE": str(slot.local_size),
         "HOROVOD_CROSS_RANK": str(slot.cross_rank),
         "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-        "HOROVOD_HOSTNAME": slot.hostname,
     })
-    # Line-buffered output so the launcher can prefix lines as they come.
-    env["PYTHONUNBUFFERED"] = "1"
-    # N workers each with a thread per core oversubscribe small machines badly.
-    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def elastic_worker_environment(
+    base: Mapping[str, str],
+    hostname: str,
+    *,
+    size: int,
+    coordinator: str,
+    job_id: str,
+    token: str,
+    worker_settings: Mapping[str, Any] | None = None,
+    horovod_env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Builds the environment of an elastic worker on ``hostname``.
+
+    The coordinator assigns elastic ranks, so the worker gets
+    ``HORA_RANK=-1`` and none of Horovod's placement variables (any the
+    launcher inherited are removed, lest a script trust them);
+    ``HOROVOD_HOSTNAME`` stays, since the host does not change.
+
+    Args:
+        base: the launcher's environment, inherited by the worker.
+        hostname: the host as discovery (or ``-H``) named it.
+        size: the world size the job started with (``-np``).
+        coordinator: coordinator gRPC address ``HOST:PORT``.
+        job_id: job the worker joins.
+        token: job token.
+        worker_settings: :class:`Settings` fields set by flags, the elastic
+            ones (``min_size``, ``max_size``, ``elastic_timeout``,
+            ``reset_limit``) included.
+        horovod_env: Horovod variables for flags hora's settings do not model.
+
+    Raises:
+        hora.settings.SettingsError: a setting is out of range.
+    """
+    env = _environment(base, hostname=hostname, rank=-1, size=size,
+                       coordinator=coordinator, job_id=job_id, token=token,
+                       worker_settings=worker_settings, horovod_env=horovod_env)
+    for name in HOROVOD_PLACEMENT_VARS:
+        env.pop(name, None)
     return env

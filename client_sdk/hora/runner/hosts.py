@@ -23,6 +23,7 @@ __all__ = [
     "assign_ranks",
     "data_plane_address",
     "is_local_host",
+    "parse_discovery_output",
     "parse_hostfile",
     "parse_hosts",
 ]
@@ -79,8 +80,8 @@ def _parse_slots(text: str, where: str) -> int:
     return slots
 
 
-def _split_host_slots(item: str, where: str) -> HostSlots:
-    """Parses ``host``, ``host:N`` or ``[v6addr]:N``; a bare host has one slot."""
+def _split_host_slots(item: str, where: str, default_slots: int = 1) -> HostSlots:
+    """Parses ``host``, ``host:N`` or ``[v6addr]:N``; a bare host has ``default_slots``."""
     item = item.strip()
     if not item:
         raise HostError(f"{where}: empty host name")
@@ -93,11 +94,11 @@ def _split_host_slots(item: str, where: str) -> HostSlots:
         host, rest = item[1:end], item[end + 1 :]
         if rest and not rest.startswith(":"):
             raise HostError(f"{where}: expected HOST:SLOTS, got {item!r}")
-        slots_text = rest[1:] if rest else "1"
+        slots_text = rest[1:] if rest else str(default_slots)
     elif ":" in item:
         host, _, slots_text = item.rpartition(":")
     else:
-        host, slots_text = item, "1"
+        host, slots_text = item, str(default_slots)
     if not host:
         raise HostError(f"{where}: empty host name in {item!r}")
     return HostSlots(host, _parse_slots(slots_text, where))
@@ -158,6 +159,38 @@ def parse_hostfile(lines: Iterable[str], name: str = "hostfile") -> list[HostSlo
             raise HostError(f"{where}: expected 'HOST slots=N' or 'HOST:N', got {line!r}")
     if not hosts:
         raise HostError(f"{name}: no hosts in hostfile")
+    return _merge(hosts)
+
+
+def parse_discovery_output(text: str, default_slots: int = 1,
+                           name: str = "host discovery") -> list[HostSlots]:
+    """Parses what a host discovery script printed: ``host`` or ``host:slots`` lines.
+
+    Blank lines and ``#`` comments are skipped; no hosts at all is a valid
+    answer (every host is gone).
+
+    Args:
+        text: the script's standard output.
+        default_slots: slots of a host printed without ``:slots``
+            (``--slots-per-host``).
+        name: what error messages call the output.
+
+    Returns:
+        The hosts in the order printed, a repeated host merged into its first
+        occurrence.
+
+    Raises:
+        HostError: a line is not ``host[:slots]`` with a positive slot count.
+    """
+    hosts: list[HostSlots] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{name} line {number}"
+        if len(line.split()) != 1:
+            raise HostError(f"{where}: expected HOST or HOST:SLOTS, got {line!r}")
+        hosts.append(_split_host_slots(line, where, default_slots))
     return _merge(hosts)
 
 

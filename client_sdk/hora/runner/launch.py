@@ -9,17 +9,27 @@ workers (:mod:`.procs`). Exit codes: 0 when all workers succeed, the first
 failing worker's code otherwise (128+N for signal N), 130/143 when
 ``horarun`` is interrupted, 2 for usage errors, 1 when the embedded
 coordinator cannot start.
+
+An elastic job (``--min-np``/``--max-np``/``--host-discovery-script``) takes
+its hosts from a discovery script (:mod:`.discovery`) or a fixed ``-H`` list,
+and is supervised by :mod:`.elastic_supervisor` following the decisions of
+:mod:`.elastic`; it exits 1 when it cannot keep ``--min-np`` workers.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .args import LaunchConfig, parse_args
-from .env import worker_environment
+from .args import ElasticConfig, LaunchConfig, parse_args
+from .discovery import HostPoller, run_discovery_script
+from .elastic import ElasticPlanner, ElasticPolicy
+from .elastic_supervisor import ElasticSupervisor
+from .env import elastic_worker_environment, worker_environment
+from .events import EventReporter
 from .hosts import (
     HostError,
     HostSlots,
@@ -29,7 +39,7 @@ from .hosts import (
     parse_hostfile,
     parse_hosts,
 )
-from .procs import Supervisor, WorkerSpec
+from .procs import Supervisor, WorkerOutput, WorkerSpec
 
 __all__ = ["horovodrun_main", "main", "resolve_hosts"]
 
@@ -63,12 +73,8 @@ def resolve_hosts(config: LaunchConfig) -> list[HostSlots]:
     return [HostSlots("localhost", config.num_proc)]
 
 
-def _placement(config: LaunchConfig) -> list[SlotInfo]:
-    try:
-        slots = assign_ranks(resolve_hosts(config), config.num_proc)
-    except HostError as exc:
-        raise _UsageError(str(exc)) from exc
-    remote = sorted({s.hostname for s in slots if not is_local_host(s.hostname)})
+def _check_local(hostnames: Iterable[str]) -> None:
+    remote = sorted({name for name in hostnames if not is_local_host(name)})
     if remote:
         named = (f"host {remote[0]} is" if len(remote) == 1
                  else f"hosts {', '.join(remote)} are")
@@ -77,7 +83,39 @@ def _placement(config: LaunchConfig) -> list[SlotInfo]:
             f"workers locally for now (remote launch over ssh is not implemented). "
             f"Local hosts: localhost, 127.x.x.x, or this machine's name"
         )
+
+
+def _placement(config: LaunchConfig) -> list[SlotInfo]:
+    try:
+        slots = assign_ranks(resolve_hosts(config), config.num_proc)
+    except HostError as exc:
+        raise _UsageError(str(exc)) from exc
+    _check_local(s.hostname for s in slots)
     return slots
+
+
+def _elastic_hosts(config: LaunchConfig,
+                   elastic: ElasticConfig) -> Callable[[], list[HostSlots]]:
+    """Where the elastic job's hosts come from: the script, or the fixed list.
+
+    Raises:
+        _UsageError: the fixed list is malformed, names a remote host, or
+            has fewer slots than ``--min-np``.
+    """
+    if elastic.discovery_script is not None:
+        return functools.partial(run_discovery_script, elastic.discovery_script,
+                                 elastic.slots_per_host)
+    try:
+        hosts = resolve_hosts(config)
+    except HostError as exc:
+        raise _UsageError(str(exc)) from exc
+    _check_local(h.hostname for h in hosts)
+    total = sum(h.slots for h in hosts)
+    if total < elastic.min_np:
+        raise _UsageError(f"--min-np {elastic.min_np} needs {elastic.min_np} slots but the "
+                          f"hosts have only {total}; add slots with -H host:N or lower "
+                          f"--min-np")
+    return lambda: hosts
 
 
 def _start_coordinator(config: LaunchConfig) -> Any:
@@ -115,10 +153,15 @@ def _compat_env(base: dict[str, str]) -> dict[str, str]:
     return {**base, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str) -> list[WorkerSpec]:
+def _base_env(config: LaunchConfig) -> dict[str, str]:
     base = dict(os.environ)
     if config.horovod_compat:
         base = _compat_env(base)
+    return base
+
+
+def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str) -> list[WorkerSpec]:
+    base = _base_env(config)
     return [
         WorkerSpec(
             rank=slot.rank,
@@ -135,6 +178,39 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str) ->
         )
         for slot in slots
     ]
+
+
+def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
+                 find_hosts: Callable[[], list[HostSlots]], coordinator: str) -> int:
+    base = _base_env(config)
+
+    def make_env(host: str) -> dict[str, str]:
+        return elastic_worker_environment(
+            base, host,
+            size=config.num_proc,
+            coordinator=coordinator,
+            job_id=config.job_id,
+            token=config.token,
+            worker_settings=config.worker_settings,
+            horovod_env=config.horovod_env,
+        )
+
+    output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir)
+    planner = ElasticPlanner(ElasticPolicy(
+        num_proc=config.num_proc,
+        min_np=elastic.min_np,
+        max_np=elastic.max_np,
+        elastic_timeout=elastic.elastic_timeout,
+        cooldown_range=elastic.cooldown_range,
+    ))
+    poller = HostPoller(find_hosts, say=output.say)
+    reporter = EventReporter(coordinator, config.job_id, config.token, say=output.say)
+    try:
+        return ElasticSupervisor(planner, poller, make_env, config.command, output=output,
+                                 reporter=reporter, verbose=config.verbose).run()
+    finally:
+        # Before the embedded coordinator stops, so the last events land.
+        reporter.close()
 
 
 def horovodrun_main(argv: Sequence[str] | None = None) -> int:
@@ -161,12 +237,24 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
         # callers embedding main() get a code, not an exception.
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
 
+    elastic = config.elastic
+    slots: list[SlotInfo] = []
+    find_hosts: Callable[[], list[HostSlots]] | None = None
     try:
-        slots = _placement(config)
+        if elastic is None:
+            slots = _placement(config)
+        else:
+            find_hosts = _elastic_hosts(config, elastic)
     except _UsageError as exc:
         _err(f"error: {exc}")
         return USAGE_ERROR
 
+    if elastic is not None and config.verbose:
+        upper = elastic.max_np if elastic.max_np is not None else "unlimited"
+        source = (f"discovery script {elastic.discovery_script!r}"
+                  if elastic.discovery_script is not None else "a fixed host list")
+        _err(f"elastic job: {config.num_proc} workers to start, at least {elastic.min_np}, "
+             f"at most {upper}; hosts from {source}")
     if config.verbose:
         for slot in slots:
             _err(f"rank {slot.rank} on {slot.hostname} (local {slot.local_rank}/"
@@ -189,6 +277,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
         # With --coordinator, workers may start before it is reachable; they
         # retry within their connect timeout, so no check is made here.
         try:
+            if elastic is not None and find_hosts is not None:
+                return _run_elastic(config, elastic, find_hosts, address)
             specs = _specs(config, slots, address)
         except _UsageError as exc:
             _err(f"error: {exc}")

@@ -7,6 +7,11 @@ exactly once to every worker's group, grandchildren included.
 Supervision polls every :data:`POLL_INTERVAL` seconds so that a death is
 noticed within about 100 ms. The first worker to fail decides the exit
 code; the others are sent SIGTERM, then SIGKILL after a grace period.
+
+The pieces that do not depend on a fixed world (:class:`WorkerOutput`,
+which starts a process and forwards its output, :class:`SignalRecorder`
+and :func:`signal_group`) are shared with the elastic supervisor in
+:mod:`.elastic_supervisor`.
 """
 
 from __future__ import annotations
@@ -25,10 +30,15 @@ from typing import BinaryIO, TextIO, cast
 __all__ = [
     "GRACE_PERIOD",
     "POLL_INTERVAL",
+    "SignalRecorder",
     "Supervisor",
+    "WorkerOutput",
     "WorkerSpec",
-    "exit_code_of",
     "describe_exit",
+    "exit_code_of",
+    "plural",
+    "signal_group",
+    "signal_name",
 ]
 
 POLL_INTERVAL = 0.05
@@ -58,7 +68,8 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _signal_name(signum: int) -> str:
+def signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15; ``signal N`` for a number Python has no name for."""
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -68,11 +79,12 @@ def _signal_name(signum: int) -> str:
 def describe_exit(returncode: int) -> str:
     """Says how a process ended, e.g. ``exited with code 3``."""
     if returncode < 0:
-        return f"was killed by {_signal_name(-returncode)}"
+        return f"was killed by {signal_name(-returncode)}"
     return f"exited with code {returncode}"
 
 
-def _plural(count: int, word: str) -> str:
+def plural(count: int, word: str) -> str:
+    """``1 worker``, ``2 workers``."""
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
@@ -104,18 +116,20 @@ class _Sink:
 
 
 class _Reader(threading.Thread):
-    """Forwards one pipe of one worker, line by line, with the rank prefix."""
+    """Forwards one pipe of one worker, line by line, with the worker's label."""
 
-    def __init__(self, rank: int, stream_name: str, pipe: BinaryIO, sink: _Sink,
-                 prefix: bool, copy_to: Path | None) -> None:
-        super().__init__(name=f"horarun-{stream_name}-{rank}", daemon=True)
+    def __init__(self, label: str, stream_name: str, pipe: BinaryIO, sink: _Sink,
+                 prefix: bool, copy_to: Path | None, append: bool) -> None:
+        super().__init__(name=f"horarun-{stream_name}-{label}", daemon=True)
         self._pipe = pipe
         self._sink = sink
-        self._prefix = f"[{rank}]<{stream_name}>:" if prefix else ""
+        self._prefix = f"[{label}]<{stream_name}>:" if prefix else ""
         self._copy_to = copy_to
+        self._mode = "a" if append else "w"
 
     def run(self) -> None:
-        copy = self._copy_to.open("w", encoding="utf-8") if self._copy_to else None
+        copy = (self._copy_to.open(self._mode, encoding="utf-8")
+                if self._copy_to else None)
         try:
             while True:
                 raw = self._pipe.readline(MAX_LINE)
@@ -133,6 +147,122 @@ class _Reader(threading.Thread):
             if copy is not None:
                 copy.close()
             self._pipe.close()
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """Sends ``signum`` to the process group led by ``pid``, if it still exists."""
+    try:
+        # start_new_session made the worker its group's leader, so its pid
+        # is the group id; the group outlives the leader while any
+        # grandchild remains, which is what we want to reach.
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class WorkerOutput:
+    """Starts worker processes and forwards their output, prefixed by a label.
+
+    Args:
+        prefix: prefix output lines with ``[LABEL]<stdout>:`` / ``[LABEL]<stderr>:``.
+        output_dir: also write each worker's output to ``DIR/NAME/stdout|stderr``.
+        stdout: where worker stdout goes (default ``sys.stdout``).
+        stderr: where worker stderr and launcher messages go (default ``sys.stderr``).
+    """
+
+    def __init__(self, *, prefix: bool = True, output_dir: str | None = None,
+                 stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+        self._prefix = prefix
+        self._output_dir = Path(output_dir) if output_dir else None
+        self._out = _Sink(stdout or sys.stdout)
+        self._err = _Sink(stderr or sys.stderr)
+        self._readers: list[_Reader] = []
+
+    def say(self, message: str) -> None:
+        """Prints a launcher message (``horarun: ...``) on the error stream."""
+        self._err.write(f"horarun: {message}\n")
+
+    def spawn(self, label: str, argv: Sequence[str], env: Mapping[str, str],
+              output_name: str, *, append: bool = False) -> subprocess.Popen[bytes]:
+        """Starts one worker in its own session and forwards its output.
+
+        Args:
+            label: what prefixes the worker's lines, inside the brackets.
+            argv: the command.
+            env: its whole environment.
+            output_name: its folder below ``output_dir``.
+            append: append to that folder's files instead of truncating them
+                (a replacement worker continuing its slot's log).
+
+        Raises:
+            OSError: the command cannot be started (FileNotFoundError when it
+                does not exist) or the output folder cannot be made.
+        """
+        copies: dict[str, Path | None] = {"stdout": None, "stderr": None}
+        if self._output_dir is not None:
+            folder = self._output_dir / output_name
+            folder.mkdir(parents=True, exist_ok=True)
+            copies = {name: folder / name for name in copies}
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+        # Both are pipes (PIPE above); the casts only inform the type checker.
+        pipes = (("stdout", cast(BinaryIO, proc.stdout), self._out),
+                 ("stderr", cast(BinaryIO, proc.stderr), self._err))
+        for name, pipe, sink in pipes:
+            reader = _Reader(label, name, pipe, sink, self._prefix, copies[name], append)
+            reader.start()
+            self._readers.append(reader)
+        return proc
+
+    def drain(self) -> None:
+        """Waits (bounded) until the output of every exited worker is forwarded."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        # Whatever a surviving grandchild still holds open is not ours to wait
+        # for; the readers are daemon threads and die with us.
+
+
+class SignalRecorder:
+    """Records SIGINT and SIGTERM for a supervision loop to act on.
+
+    Handlers are installed only from the main thread (Python's rule); from
+    any other thread this records nothing and changes nothing.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Only record: the supervision loop acts on it within POLL_INTERVAL,
+        # so no work happens inside the handler.
+        self._pending.append(signum)
+
+    def install(self) -> None:
+        """Takes over SIGINT and SIGTERM."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def restore(self) -> None:
+        """Puts the previous handlers back."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous = {}
+
+    def take(self) -> list[int]:
+        """The signals received since the last call, oldest first."""
+        taken, self._pending = self._pending, []
+        return taken
 
 
 @dataclass
@@ -159,61 +289,27 @@ class Supervisor:
                  output_dir: str | None = None, grace_period: float = GRACE_PERIOD,
                  stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
         self._specs = list(specs)
-        self._prefix = prefix
-        self._output_dir = Path(output_dir) if output_dir else None
         self._grace = grace_period
-        self._out = _Sink(stdout or sys.stdout)
-        self._err = _Sink(stderr or sys.stderr)
+        self._output = WorkerOutput(prefix=prefix, output_dir=output_dir,
+                                    stdout=stdout, stderr=stderr)
+        self._signals = SignalRecorder()
         self._workers: list[_Worker] = []
-        self._readers: list[_Reader] = []
-        self._signals: list[int] = []
         self._exit_code: int | None = None
         self._kill_at: float | None = None
         self._hurried = False
 
-    # -- messages ----------------------------------------------------------
-
     def _say(self, message: str) -> None:
-        self._err.write(f"horarun: {message}\n")
-
-    # -- signals -----------------------------------------------------------
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        # Only record: the supervision loop acts on it within POLL_INTERVAL,
-        # so no work happens inside the handler.
-        self._signals.append(signum)
-
-    def _install_handlers(self) -> dict[int, object]:
-        previous: dict[int, object] = {}
-        if threading.current_thread() is not threading.main_thread():
-            return previous
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, self._on_signal)
-        return previous
-
-    @staticmethod
-    def _restore_handlers(previous: dict[int, object]) -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._output.say(message)
 
     # -- processes -----------------------------------------------------------
 
     def _running(self) -> list[_Worker]:
         return [w for w in self._workers if w.returncode is None]
 
-    def _signal_group(self, worker: _Worker, signum: int) -> None:
-        try:
-            # start_new_session made the worker its group's leader, so its
-            # pid is the group id; the group outlives the leader while any
-            # grandchild remains, which is what we want to reach.
-            os.killpg(worker.proc.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
     def _stop(self, signum: int) -> None:
         """Sends ``signum`` to every running worker and arms the SIGKILL deadline."""
         for worker in self._running():
-            self._signal_group(worker, signum)
+            signal_group(worker.proc.pid, signum)
         if self._kill_at is None:
             self._kill_at = time.monotonic() + self._grace
 
@@ -222,39 +318,19 @@ class Supervisor:
         if running:
             ranks = ", ".join(f"{w.spec.rank} (pid {w.proc.pid})" for w in running)
             after = "" if self._hurried else f" after {self._grace:g} s"
-            self._say(f"{_plural(len(running), 'worker')} still running{after}; "
+            self._say(f"{plural(len(running), 'worker')} still running{after}; "
                       f"killing rank {ranks}")
         for worker in running:
-            self._signal_group(worker, signal.SIGKILL)
+            signal_group(worker.proc.pid, signal.SIGKILL)
 
     def _start(self, spec: WorkerSpec) -> bool:
-        copies: dict[str, Path | None] = {"stdout": None, "stderr": None}
         try:
-            if self._output_dir is not None:
-                rank_dir = self._output_dir / f"rank.{spec.rank}"
-                rank_dir.mkdir(parents=True, exist_ok=True)
-                copies = {name: rank_dir / name for name in copies}
-            proc = subprocess.Popen(
-                list(spec.argv),
-                env=dict(spec.env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                close_fds=True,
-            )
+            proc = self._output.spawn(str(spec.rank), spec.argv, spec.env, f"rank.{spec.rank}")
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._fail(code, f"cannot start rank {spec.rank} on {spec.hostname}: {exc}")
             return False
         self._workers.append(_Worker(spec, proc))
-        # Both are pipes (PIPE above); the casts only inform the type checker.
-        pipes = (("stdout", cast(BinaryIO, proc.stdout), self._out),
-                 ("stderr", cast(BinaryIO, proc.stderr), self._err))
-        for name, pipe, sink in pipes:
-            reader = _Reader(spec.rank, name, pipe, sink, self._prefix, copies[name])
-            reader.start()
-            self._readers.append(reader)
         return True
 
     def _fail(self, code: int, what: str) -> None:
@@ -266,26 +342,23 @@ class Supervisor:
         self._exit_code = code
         others = self._running()
         if others:
-            self._say(f"{what}; stopping the other {_plural(len(others), 'worker')}")
+            self._say(f"{what}; stopping the other {plural(len(others), 'worker')}")
         else:
             self._say(what)
         self._stop(signal.SIGTERM)
 
     def _handle_signals(self) -> None:
-        if not self._signals:
-            return
-        signals, self._signals = self._signals, []
-        for signum in signals:
+        for signum in self._signals.take():
             if self._kill_at is None:
                 if self._exit_code is None:
                     self._exit_code = 128 + signum
                 running = self._running()
-                self._say(f"received {_signal_name(signum)}; forwarding it to "
-                          f"{_plural(len(running), 'worker')}")
+                self._say(f"received {signal_name(signum)}; forwarding it to "
+                          f"{plural(len(running), 'worker')}")
                 self._stop(signum)
             else:
                 # A second Ctrl-C means "now": skip the rest of the grace period.
-                self._say(f"received {_signal_name(signum)} again; not waiting any longer")
+                self._say(f"received {signal_name(signum)} again; not waiting any longer")
                 self._hurried = True
                 self._kill_at = time.monotonic()
 
@@ -312,13 +385,6 @@ class Supervisor:
                 self._say(f"rank {worker.spec.rank} (pid {worker.proc.pid}) did not exit "
                           f"after SIGKILL; giving up on it")
 
-    def _drain(self) -> None:
-        deadline = time.monotonic() + DRAIN_TIMEOUT
-        for reader in self._readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
-        # Whatever a surviving grandchild still holds open is not ours to wait
-        # for; the readers are daemon threads and die with us.
-
     def run(self) -> int:
         """Starts all workers and supervises them until they are gone.
 
@@ -327,7 +393,7 @@ class Supervisor:
             (128+N for a death by signal N, 127 when the command was not
             found), or 128+N when horarun itself got signal N.
         """
-        previous = self._install_handlers()
+        self._signals.install()
         try:
             for spec in self._specs:
                 self._handle_signals()
@@ -341,11 +407,11 @@ class Supervisor:
                     self._reap()
                     break
                 time.sleep(POLL_INTERVAL)
-            self._drain()
+            self._output.drain()
         finally:
             # Never leave workers behind, whatever went wrong above.
             for worker in self._running():
-                self._signal_group(worker, signal.SIGKILL)
+                signal_group(worker.proc.pid, signal.SIGKILL)
             self._reap()
-            self._restore_handlers(previous)
+            self._signals.restore()
         return self._exit_code if self._exit_code is not None else 0

@@ -22,6 +22,11 @@ class ElasticSampler(torch.utils.data.Sampler):
     remaining samples of the epoch are spread over the new world, so no
     committed sample is seen twice and none is skipped.
 
+    Every rank knows the whole partition (it is computed the same way
+    everywhere), so :meth:`record_batch` records the batch of every rank,
+    not only its own: when a worker dies between its step and its commit,
+    the survivors' record still has its samples.
+
     Args:
         dataset: the dataset to sample from.
         shuffle: shuffle each epoch (the same permutation on every rank).
@@ -44,8 +49,11 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Marks the samples of local batch ``batch_idx`` as processed."""
-        self.record_indices(self.get_indices(batch_idx, batch_size))
+        """Marks the samples of batch ``batch_idx`` of every rank as processed."""
+        start = batch_idx * batch_size
+        for other in range(self.num_replicas):
+            share = self._indices_of(other)
+            self.record_indices(share[start:min(start + batch_size, len(share))])
 
     def record_indices(self, indices: Any) -> None:
         self.processed_indices.update(int(i) for i in indices)
@@ -78,13 +86,16 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.total_size = self.num_samples * self.num_replicas
         self.indices = []
 
-    def _local_indices(self) -> list[int]:
+    def _indices_of(self, replica: int) -> list[int]:
         indices = list(self.remaining_indices)
         # Pad so every rank gets the same number of samples (same number of steps).
         if indices:
             while len(indices) < self.total_size:
                 indices += indices[:self.total_size - len(indices)]
-        return indices[self.rank:self.total_size:self.num_replicas]
+        return indices[replica:self.total_size:self.num_replicas]
+
+    def _local_indices(self) -> list[int]:
+        return self._indices_of(self.rank)
 
     def __iter__(self) -> Iterator[int]:
         self.indices = self._local_indices()

@@ -1,0 +1,410 @@
+"""What an elastic ``horarun`` decides: which slot gets a worker, which host
+is blacklisted and for how long, and when the job has failed or finished.
+
+Everything here is pure: :class:`ElasticPlanner` is told what happened
+(hosts discovered, a worker started or exited) and asked what to do next
+(:meth:`ElasticPlanner.tick`); it answers with :data:`Action` values and
+reads time only from the clock it was given. The supervisor in
+:mod:`.elastic_supervisor` carries the actions out.
+
+The rules:
+
+* **Start.** Nothing starts until the hosts offer ``min_np`` usable slots (a
+  usable slot is on a discovered host that is not blacklisted); then
+  ``num_proc`` workers start, or as many as there are usable slots. If
+  ``min_np`` slots do not appear within ``elastic_timeout`` the job fails.
+* **Size.** The planner keeps a target size: ``num_proc`` at first, raised
+  by the slots of every host that appears (or grows) after the start, never
+  above ``max_np``. Whenever fewer workers run than the target, free usable
+  slots get workers, hosts in discovery order, lowest slot first. So a
+  failed worker is replaced when a slot is free, a new host gets workers on
+  its slots up to ``max_np``, and a host back from its cooldown takes
+  replacements but does not by itself grow the job.
+* **Failure.** A worker that exits non-zero before training has finished
+  blacklists its host: no new workers there (the other workers keep
+  running; the coordinator opens a new generation without the dead one).
+  With a cooldown range the host comes back after a delay drawn uniformly
+  in ``[MIN, MAX]``, doubled for each earlier failure of that host and
+  capped at ``MAX``; without one it is blacklisted for good.
+* **Removal.** Workers on a host that discovery no longer lists (or on a
+  slot beyond a host's new slot count) are stopped; their exit is not a
+  failure.
+* **Too small.** When fewer than ``min_np`` workers run for
+  ``elastic_timeout`` the job fails.
+* **Finish.** The first worker to exit 0 means training is done: no more
+  workers start, and the others get ``elastic_timeout`` to exit. The job
+  then exits 0 if they all exit 0, else with the first non-zero code among
+  them (1 when some were still running at the deadline).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from .hosts import HostSlots
+from .procs import describe_exit, exit_code_of, plural
+
+__all__ = [
+    "Action",
+    "ElasticPlanner",
+    "ElasticPolicy",
+    "Finish",
+    "ReportEvent",
+    "Say",
+    "StartWorker",
+    "StopWorker",
+]
+
+# Exit code of an elastic job that could not keep min_np workers.
+ELASTIC_FAILURE = 1
+
+
+@dataclass(frozen=True)
+class ElasticPolicy:
+    """The limits an elastic job runs under.
+
+    Attributes:
+        num_proc: workers to start with.
+        min_np: fewest workers the job may run with.
+        max_np: most workers it may run with (None: no limit).
+        elastic_timeout: how long it may wait for, or stay below, ``min_np``;
+            also how long the others get to finish once one has.
+        cooldown_range: ``(MIN, MAX)`` of a blacklisted host's cooldown, or
+            None to blacklist for good.
+    """
+
+    num_proc: int
+    min_np: int
+    max_np: int | None = None
+    elastic_timeout: timedelta = timedelta(seconds=600)
+    cooldown_range: tuple[timedelta, timedelta] | None = None
+
+
+@dataclass(frozen=True)
+class StartWorker:
+    """Start a worker on ``host``'s slot ``slot``.
+
+    ``announce`` is False for the workers of the initial start, which are
+    not news; True for replacements and workers on new hosts.
+    """
+
+    worker_id: int
+    host: str
+    slot: int
+    announce: bool = False
+
+    @property
+    def label(self) -> str:
+        """``host:slot``, what prefixes the worker's output."""
+        return f"{self.host}:{self.slot}"
+
+
+@dataclass(frozen=True)
+class StopWorker:
+    """Stop a worker (SIGTERM, then SIGKILL after the grace period)."""
+
+    worker_id: int
+
+
+@dataclass(frozen=True)
+class Say:
+    """Tell the user (``horarun: MESSAGE`` on stderr)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class ReportEvent:
+    """Record an event in the job's event log at the coordinator."""
+
+    kind: str
+    host: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Stop every remaining worker and exit with ``code``."""
+
+    code: int
+
+
+Action = StartWorker | StopWorker | Say | ReportEvent | Finish
+
+
+class _Phase(enum.Enum):
+    WAITING = "waiting for min_np slots"
+    RUNNING = "running"
+    FINISHING = "a worker finished; waiting for the others"
+    DONE = "done"
+
+
+@dataclass
+class _Worker:
+    host: str
+    slot: int
+    pid: int | None = None
+    # Being stopped on purpose (its host left): its exit is not a failure,
+    # and it no longer counts towards min_np.
+    stopping: bool = False
+
+
+@dataclass
+class _HostRecord:
+    failures: int = 0
+    # When the host is usable again: math.inf for good, None when it is not
+    # blacklisted.
+    blacklisted_until: float | None = None
+    cooldown: float = field(default=0.0)
+
+
+class ElasticPlanner:
+    """The decisions of an elastic job, with time from an injected clock.
+
+    Args:
+        policy: the job's limits.
+        clock: seconds on a monotonic clock (default ``time.monotonic``).
+        rng: draws cooldowns (default: a fresh ``random.Random()``).
+    """
+
+    def __init__(self, policy: ElasticPolicy, *, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        self._policy = policy
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        self._timeout = policy.elastic_timeout.total_seconds()
+        self._started_at = clock()
+        self._phase = _Phase.WAITING
+        self._hosts: dict[str, int] = {}
+        self._records: dict[str, _HostRecord] = {}
+        self._workers: dict[int, _Worker] = {}
+        self._next_id = 0
+        self._target = policy.num_proc
+        self._below_min_since: float | None = None
+        self._finish_by: float | None = None
+        self._code_after_success: int | None = None
+
+    # -- views -----------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Whether the planner has said :class:`Finish` (or was shut down)."""
+        return self._phase is _Phase.DONE
+
+    @property
+    def target(self) -> int:
+        """How many workers the job aims to run."""
+        return self._target
+
+    def blacklisted(self, host: str) -> bool:
+        """Whether ``host`` gets no new workers now."""
+        record = self._records.get(host)
+        return record is not None and record.blacklisted_until is not None
+
+    def usable_slots(self) -> int:
+        """Slots on discovered hosts that are not blacklisted."""
+        return sum(n for host, n in self._hosts.items() if not self.blacklisted(host))
+
+    def active_workers(self) -> int:
+        """Workers started and not being stopped (what counts towards min_np)."""
+        return sum(1 for w in self._workers.values() if not w.stopping)
+
+    def workers(self) -> dict[int, tuple[str, int]]:
+        """Every worker not known to have exited: id -> (host, slot)."""
+        return {wid: (w.host, w.slot) for wid, w in self._workers.items()}
+
+    def _free_slots(self) -> list[tuple[str, int]]:
+        taken = {(w.host, w.slot) for w in self._workers.values()}
+        return [(host, slot)
+                for host, slots in self._hosts.items() if not self.blacklisted(host)
+                for slot in range(slots) if (host, slot) not in taken]
+
+    def _cap(self, count: int) -> int:
+        return count if self._policy.max_np is None else min(count, self._policy.max_np)
+
+    # -- events ----------------------------------------------------------------
+
+    def hosts_discovered(self, hosts: Sequence[HostSlots]) -> list[Action]:
+        """The current host list (local hosts only, in discovery order).
+
+        Returns:
+            :class:`StopWorker` for each worker whose host (or slot) is gone,
+            with a message and an event per host.
+        """
+        if self._phase is _Phase.DONE:
+            return []
+        new = {h.hostname: h.slots for h in hosts}
+        stops: list[Action] = []
+        gone: dict[str, int] = {}
+        for wid, worker in self._workers.items():
+            if worker.stopping or worker.slot < new.get(worker.host, 0):
+                continue
+            worker.stopping = True
+            gone[worker.host] = gone.get(worker.host, 0) + 1
+            stops.append(StopWorker(wid))
+        actions: list[Action] = []
+        for host, count in gone.items():
+            why = ("is no longer offered by host discovery" if host not in new
+                   else f"now offers only {plural(new[host], 'slot')}")
+            message = f"host {host} {why}; stopping {plural(count, 'worker')} there"
+            actions += [Say(message), ReportEvent("host_removed", host, message)]
+        actions += stops
+        if self._phase is _Phase.RUNNING:
+            grown = sum(max(0, slots - self._hosts.get(host, 0))
+                        for host, slots in new.items() if not self.blacklisted(host))
+            self._target = self._cap(self._target + grown)
+        self._hosts = new
+        return actions
+
+    def worker_running(self, worker_id: int, pid: int) -> None:
+        """The worker of a :class:`StartWorker` started as process ``pid``."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.pid = pid
+
+    def worker_start_failed(self, worker_id: int, code: int, error: str) -> list[Action]:
+        """The worker of a :class:`StartWorker` could not be started.
+
+        Not the host's fault (the command is missing or not executable, which
+        it would be on every local host), so the job fails with ``code``.
+        """
+        worker = self._workers.pop(worker_id, None)
+        if worker is None or self._phase is _Phase.DONE:
+            return []
+        self._phase = _Phase.DONE
+        return [Say(f"cannot start a worker on {worker.host}: {error}"), Finish(code)]
+
+    def worker_exited(self, worker_id: int, returncode: int) -> list[Action]:
+        """A worker's process ended with ``returncode`` (Popen's: -N for signal N)."""
+        worker = self._workers.pop(worker_id, None)
+        if worker is None or worker.stopping or self._phase is _Phase.DONE:
+            return []
+        who = f"worker on {worker.host} (pid {worker.pid})"
+        if returncode == 0:
+            if self._phase is _Phase.FINISHING:
+                return []
+            self._phase = _Phase.FINISHING
+            self._finish_by = self._clock() + self._timeout
+            others = self.active_workers()
+            if not others:
+                return []
+            return [Say(f"{who} finished training; starting no more workers and waiting "
+                        f"up to {self._timeout:g} s for the other "
+                        f"{plural(others, 'worker')}")]
+        if self._phase is _Phase.FINISHING:
+            if self._code_after_success is None:
+                self._code_after_success = exit_code_of(returncode)
+            return [Say(f"{who} {describe_exit(returncode)} after training finished")]
+        return self._blacklist(worker.host, f"{who} {describe_exit(returncode)}")
+
+    def shutdown(self) -> None:
+        """The supervisor stops everything (a signal): decide nothing more."""
+        self._phase = _Phase.DONE
+
+    def _blacklist(self, host: str, what: str) -> list[Action]:
+        record = self._records.setdefault(host, _HostRecord())
+        record.failures += 1
+        suffix = ""
+        if self._policy.cooldown_range is None:
+            record.blacklisted_until = math.inf
+        else:
+            low, high = (d.total_seconds() for d in self._policy.cooldown_range)
+            drawn = self._rng.uniform(low, high)
+            record.cooldown = min(high, drawn * 2 ** (record.failures - 1))
+            record.blacklisted_until = self._clock() + record.cooldown
+            suffix = f" for {record.cooldown:.1f} s"
+        message = f"{what}; blacklisting {host}{suffix}"
+        return [Say(message), ReportEvent("blacklist", host, message)]
+
+    # -- time ------------------------------------------------------------------
+
+    def tick(self) -> list[Action]:
+        """What to do now: cooldowns over, workers to start, timeouts.
+
+        Call it after reporting the events since the last call, and often
+        (the supervisor does every 50 ms): deadlines are checked only here.
+        """
+        if self._phase is _Phase.DONE:
+            return []
+        now = self._clock()
+        actions = self._end_cooldowns(now)
+        if self._phase is _Phase.WAITING:
+            actions += self._initial_start(now)
+        elif self._phase is _Phase.RUNNING:
+            actions += self._fill(announce=True)
+            actions += self._check_min(now)
+        elif self._phase is _Phase.FINISHING:
+            actions += self._check_finished(now)
+        return actions
+
+    def _end_cooldowns(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for host, record in self._records.items():
+            if record.blacklisted_until is not None and record.blacklisted_until <= now:
+                record.blacklisted_until = None
+                message = (f"host {host} is back after its {record.cooldown:.1f} s "
+                           f"cooldown")
+                actions += [Say(message), ReportEvent("cooldown_over", host, message)]
+        return actions
+
+    def _start(self, host: str, slot: int, announce: bool) -> StartWorker:
+        worker_id = self._next_id
+        self._next_id += 1
+        self._workers[worker_id] = _Worker(host, slot)
+        return StartWorker(worker_id, host, slot, announce)
+
+    def _fill(self, announce: bool) -> list[Action]:
+        # Workers being stopped still hold their process (and maybe their
+        # place at the coordinator), so they count against max_np.
+        room = self._target - self.active_workers()
+        if self._policy.max_np is not None:
+            room = min(room, self._policy.max_np - len(self._workers))
+        if room <= 0:
+            return []
+        return [self._start(host, slot, announce) for host, slot in self._free_slots()[:room]]
+
+    def _initial_start(self, now: float) -> list[Action]:
+        usable = self.usable_slots()
+        if usable >= self._policy.min_np:
+            self._phase = _Phase.RUNNING
+            return self._fill(announce=False)
+        if now - self._started_at >= self._timeout:
+            self._phase = _Phase.DONE
+            return [Say(f"elastic job needs at least {self._policy.min_np} workers; "
+                        f"discovery offered {usable} usable slot(s) within "
+                        f"{self._timeout:g} s"),
+                    Finish(ELASTIC_FAILURE)]
+        return []
+
+    def _check_min(self, now: float) -> list[Action]:
+        active = self.active_workers()
+        if active >= self._policy.min_np:
+            self._below_min_since = None
+            return []
+        if self._below_min_since is None:
+            self._below_min_since = now
+            return []
+        if now - self._below_min_since < self._timeout:
+            return []
+        self._phase = _Phase.DONE
+        return [Say(f"elastic job needs at least {self._policy.min_np} workers; only "
+                    f"{active} running/available for {self._timeout:g} s"),
+                Finish(ELASTIC_FAILURE)]
+
+    def _check_finished(self, now: float) -> list[Action]:
+        active = self.active_workers()
+        if active == 0:
+            self._phase = _Phase.DONE
+            return [Finish(self._code_after_success or 0)]
+        if self._finish_by is not None and now >= self._finish_by:
+            self._phase = _Phase.DONE
+            return [Say(f"{plural(active, 'worker')} still running {self._timeout:g} s "
+                        f"after training finished; stopping them"),
+                    Finish(self._code_after_success or ELASTIC_FAILURE)]
+        return []

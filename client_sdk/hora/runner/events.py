@@ -1,0 +1,83 @@
+"""Recording what the launcher saw in the job's event log at the coordinator.
+
+Best effort by design: an event that cannot be recorded (the coordinator is
+unreachable, or does not implement ``ReportEvent`` yet) must never slow
+down or fail the job. Calls go out on a thread of their own with a short
+deadline; the first failure is said once and later ones are dropped quietly.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["EVENT_DEADLINE", "EventReporter"]
+
+# Seconds one ReportEvent call may take.
+EVENT_DEADLINE = 2.0
+TOKEN_METADATA_KEY = "hora-token"
+
+
+class EventReporter:
+    """Sends ``ReportEvent`` calls to the coordinator in the background.
+
+    Args:
+        address: coordinator gRPC address ``HOST:PORT``.
+        job_id: the job the events belong to.
+        token: the job token (sent as ``hora-token`` metadata).
+        say: prints a launcher message; called from the reporter's thread.
+        deadline: seconds each call may take.
+    """
+
+    def __init__(self, address: str, job_id: str, token: str, *,
+                 say: Callable[[str], None] = lambda message: None,
+                 deadline: float = EVENT_DEADLINE) -> None:
+        self._address = address
+        self._job_id = job_id
+        self._metadata = ((TOKEN_METADATA_KEY, token),)
+        self._say = say
+        self._deadline = deadline
+        self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
+        self._warned = False
+        self._thread = threading.Thread(target=self._run, name="horarun-events", daemon=True)
+        self._thread.start()
+
+    def report(self, kind: str, host: str, message: str) -> None:
+        """Queues one event; returns at once."""
+        self._queue.put((kind, host, message))
+
+    def close(self, timeout: float = 2 * EVENT_DEADLINE) -> None:
+        """Sends what is queued (waiting at most ``timeout`` s) and stops."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        # Imported here: the static launcher path never needs gRPC.
+        import grpc
+
+        from hora.v1 import rendezvous_pb2, rendezvous_pb2_grpc
+
+        channel = grpc.insecure_channel(self._address)
+        stub: Any = rendezvous_pb2_grpc.RendezvousStub(channel)
+        try:
+            while (item := self._queue.get()) is not None:
+                kind, host, message = item
+                request = rendezvous_pb2.ReportEventRequest(
+                    job_id=self._job_id, kind=kind, host=host, message=message)
+                try:
+                    stub.ReportEvent(request, timeout=self._deadline, metadata=self._metadata)
+                except grpc.RpcError as exc:
+                    self._warn(kind, exc)
+        finally:
+            channel.close()
+
+    def _warn(self, kind: str, exc: Any) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        code = exc.code().name if hasattr(exc, "code") and exc.code() else "error"
+        detail = exc.details() if hasattr(exc, "details") else str(exc)
+        self._say(f"could not record a {kind!r} event at the coordinator {self._address} "
+                  f"({code}: {detail}); events are best effort, the job goes on")
