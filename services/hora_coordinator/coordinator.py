@@ -102,13 +102,13 @@ class Coordinator:
         except asyncio.CancelledError:
             if self._joins.get(key) is waiter:
                 del self._joins[key]
-                self.apply(job, state.cancel_join(job, request.worker_id))
+                self.apply(job, state.cancel_join(job, request.worker_id, self.clock()))
             raise
 
-    def leave(self, job_id: str, worker_id: str, reason: str) -> None:
-        """A worker leaves on purpose (idempotent)."""
+    def leave(self, job_id: str, worker_id: str, reason: str, rejoin: bool = False) -> None:
+        """A worker leaves on purpose (idempotent); with ``rejoin``, this generation only."""
         job = self.job(job_id)
-        self.apply(job, state.leave(job, worker_id, reason, self.clock()))
+        self.apply(job, state.leave(job, worker_id, reason, self.clock(), rejoin))
 
     def heartbeat(self, job_id: str, worker_id: str) -> rpb.HeartbeatResponse:
         """Renews a member's lease."""
@@ -118,6 +118,14 @@ class Coordinator:
     def get_world(self, job_id: str, worker_id: str) -> rpb.WorldView:
         """A member's current view."""
         return state.get_world(self.job(job_id), worker_id)
+
+    def report_event(self, job_id: str, kind: str, host: str, message: str) -> None:
+        """Records an event the launcher saw in the job's log."""
+        state.report_event(self.job(job_id), kind, host, message, self.clock())
+
+    def list_events(self, job_id: str) -> list[rpb.JobEvent]:
+        """The job's event log, oldest first."""
+        return state.events_pb(self.job(job_id))
 
     # ---- negotiation ------------------------------------------------------------------
 
@@ -180,10 +188,11 @@ class Coordinator:
     # ---- periodic check ---------------------------------------------------------------
 
     def check(self) -> None:
-        """Expires leases and reports stalled tensors of every running job."""
+        """Expires leases and reports stalled tensors of every running job, and
+        runs the deadlines of every elastic round that gathers."""
         now = self.clock()
         for job in list(self.jobs.values()):
-            if job.phase is state.JobPhase.RUNNING:
+            if job.phase is state.JobPhase.RUNNING or job.round is not None:
                 self.apply(job, state.check(job, now, self._lease_s))
 
     async def run_checks(self) -> None:

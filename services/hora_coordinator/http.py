@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from . import metrics, state
 from .coordinator import Coordinator
 
-__all__ = ["JobDetail", "JobSummary", "MemberView", "create_app"]
+__all__ = ["EventView", "JobDetail", "JobSummary", "MemberView", "create_app"]
 
 JobStateName = Literal["gathering", "running", "finished", "failed"]
 MemberStateName = Literal["joining", "active", "left", "lost"]
@@ -49,12 +49,29 @@ class JobSummary(BaseModel):
     errors: int
     negotiation_messages: int
     created_at: float
+    elastic: bool
+    min_size: int
+    max_size: int
+    reset_count: int
+    host_update_epoch: int
 
 
 class JobDetail(JobSummary):
     """A job and its members."""
 
     members: list[MemberView]
+
+
+class EventView(BaseModel):
+    """One entry of a job's event log; ``rank`` -1 and ``pid`` 0 when no member."""
+
+    unix_ms: int
+    kind: str
+    generation: int
+    rank: int
+    host: str
+    pid: int
+    message: str
 
 
 class Health(BaseModel):
@@ -122,6 +139,11 @@ def _summary_fields(job: state.Job) -> dict[str, object]:
         "errors": job.errors,
         "negotiation_messages": job.negotiation_messages,
         "created_at": job.created_at,
+        "elastic": job.elastic is not None,
+        "min_size": job.elastic.min_size if job.elastic is not None else 0,
+        "max_size": job.elastic.max_size if job.elastic is not None else 0,
+        "reset_count": job.reset_count,
+        "host_update_epoch": job.host_update_epoch,
     }
 
 
@@ -170,6 +192,30 @@ async def get_job(job_id: str, coordinator: CoordinatorDep) -> JobDetail:
     if job is None:
         raise HTTPException(status_code=404, detail=f"unknown job '{job_id}'")
     return JobDetail(**_summary_fields(job), members=_members(job))
+
+
+@jobs_router.get(
+    "/{job_id}/events",
+    response_model=list[EventView],
+    responses={404: {"description": "no such job"}},
+)
+async def list_events(job_id: str, coordinator: CoordinatorDep) -> list[EventView]:
+    """The job's event log, oldest first (joins, generations, losses, resets, ...)."""
+    job = coordinator.jobs.get(job_id)
+    if job is None:
+        raise HTTPException(status_code=404, detail=f"unknown job '{job_id}'")
+    return [
+        EventView(
+            unix_ms=e.unix_ms,
+            kind=e.kind,
+            generation=e.generation,
+            rank=e.rank,
+            host=e.host,
+            pid=e.pid,
+            message=e.message,
+        )
+        for e in job.events
+    ]
 
 
 def create_app(coordinator: Coordinator) -> FastAPI:

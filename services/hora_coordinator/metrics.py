@@ -12,6 +12,7 @@ Exported series::
     hora_negotiated_tensors_total{job_id}     tensors answered ready on every rank (counter)
     hora_negotiation_errors_total{job_id}     error responses sent (counter)
     hora_job_generation{job_id}               current generation, 0 while the first gathers
+    hora_job_resets_total{job_id}             generations an elastic job formed after its first
     hora_job_members{job_id,state}            members by state; a gathering round's
                                               joiners count as "joining"
     hora_jobs{state}                          jobs by state
@@ -71,6 +72,11 @@ class CoordinatorCollector(Collector):
             "Current generation of the job; 0 while its first world gathers.",
             labels=["job_id"],
         )
+        resets = CounterMetricFamily(
+            "hora_job_resets",
+            "Generations an elastic job formed after its first (elastic resets).",
+            labels=["job_id"],
+        )
         members = GaugeMetricFamily(
             "hora_job_members",
             "Members of the job by state; joiners of a gathering round are 'joining'.",
@@ -84,11 +90,12 @@ class CoordinatorCollector(Collector):
             tensors.add_metric([job.job_id], job.negotiated_tensors)
             errors.add_metric([job.job_id], job.errors)
             generation.add_metric([job.job_id], job.generation)
+            resets.add_metric([job.job_id], job.reset_count)
             for member_state, count in _member_counts(job).items():
                 members.add_metric([job.job_id, member_state.value], count)
         for phase, count in by_phase.items():
             jobs.add_metric([phase.value], count)
-        yield from (messages, tensors, errors, generation, members, jobs)
+        yield from (messages, tensors, errors, generation, resets, members, jobs)
 
 
 def _member_counts(job: state.Job) -> dict[state.MemberState, int]:

@@ -105,7 +105,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @_mapped
     async def Leave(self, request, context):  # noqa: N802
-        self._c.leave(request.job_id, request.worker_id, request.reason)
+        self._c.leave(request.job_id, request.worker_id, request.reason, request.rejoin)
         return rendezvous_pb2.LeaveResponse()
 
     @_mapped
@@ -117,6 +117,15 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         return rendezvous_pb2.JoinResponse(
             world=self._c.get_world(request.job_id, request.worker_id)
         )
+
+    @_mapped
+    async def ReportEvent(self, request, context):  # noqa: N802
+        self._c.report_event(request.job_id, request.kind, request.host, request.message)
+        return rendezvous_pb2.ReportEventResponse()
+
+    @_mapped
+    async def ListEvents(self, request, context):  # noqa: N802
+        return rendezvous_pb2.ListEventsResponse(events=self._c.list_events(request.job_id))
 
 
 class StoreServicer(store_pb2_grpc.StoreServicer):

@@ -14,13 +14,31 @@ Lifecycle of a job::
                                     +--member lost / stall--> FAILED
     FINISHED --the next round gathers--> RUNNING (generation + 1)
 
+An elastic job (``min_size >= 1``) does not fail when it loses a member: the
+generation ends and the job goes back to GATHERING with a round that expects
+the members that are still alive (they re-join after their reset) plus any
+newcomer. A member that leaves with ``rejoin`` ends the generation the same
+way, without being counted as lost::
+
+    RUNNING --member lost / left with rejoin--> GATHERING (round expects the survivors)
+    GATHERING --survivors re-joined, min_size..max_size there--> RUNNING (generation + 1)
+    GATHERING --fewer than min_size after elastic_timeout--> FAILED
+
 Lifecycle of a member: JOINING (in the next round) -> ACTIVE -> LEFT | LOST.
+Between generations of an elastic job, the members of the ended generation
+keep their lease (heartbeats renew it) until they re-join; one whose lease
+runs out is LOST and no longer expected.
+
+Every transition also appends to the job's event log (:class:`JobEvent`),
+bounded to the last :data:`EVENT_LOG_LIMIT` entries.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
 from hora.v1 import negotiation_pb2 as npb
@@ -38,10 +56,14 @@ from .errors import (
 from .negotiation import NegotiationTable, format_ranks
 
 __all__ = [
+    "DEFAULT_ELASTIC_TIMEOUT_S",
+    "EVENT_LOG_LIMIT",
     "Admit",
     "Effect",
+    "ElasticConfig",
     "Job",
     "JobConfig",
+    "JobEvent",
     "JobPhase",
     "Joiner",
     "Log",
@@ -58,6 +80,8 @@ __all__ = [
     "cancel_join",
     "check",
     "decide_after_loss",
+    "elastic_order",
+    "events_pb",
     "get_world",
     "handle_requests",
     "heartbeat",
@@ -67,9 +91,16 @@ __all__ = [
     "open_stream",
     "place",
     "remove_process_set",
+    "report_event",
     "stream_closed",
     "world_view",
 ]
+
+#: Events a job keeps; older ones are dropped first.
+EVENT_LOG_LIMIT = 10_000
+#: How long an elastic round waits for min_size workers when the first joiner
+#: sent ``elastic_timeout_ms`` 0 (Horovod's default elastic timeout).
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0
 
 
 class JobPhase(enum.Enum):
@@ -114,6 +145,46 @@ class JobConfig:
     stall_shutdown_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class ElasticConfig:
+    """Bounds of an elastic job's world, fixed by the job's first joiner.
+
+    Attributes:
+        min_size: Fewest members a generation may have (>= 1).
+        max_size: Most members a generation may have; 0 for no bound.
+        timeout_s: How long a round may lack min_size joiners before the job fails.
+    """
+
+    min_size: int
+    max_size: int
+    timeout_s: float
+
+    def clamp(self, size: int) -> int:
+        """``size`` moved into [min_size, max_size]."""
+        size = max(size, self.min_size)
+        return min(size, self.max_size) if self.max_size else size
+
+    def below_max(self, size: int) -> bool:
+        """Whether a world of ``size`` may still grow."""
+        return self.max_size == 0 or size < self.max_size
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One entry of a job's event log (what ``ListEvents`` and ``/events`` serve).
+
+    ``rank`` is -1 and ``pid`` 0 where the event concerns no single member.
+    """
+
+    unix_ms: int
+    kind: str
+    generation: int
+    rank: int = -1
+    host: str = ""
+    pid: int = 0
+    message: str = ""
+
+
 @dataclass
 class Joiner:
     """A worker waiting in the next round."""
@@ -134,6 +205,17 @@ class Round:
     config: JobConfig
     joiners: dict[str, Joiner] = field(default_factory=dict)
     hints: dict[int, str] = field(default_factory=dict)  # rank hint -> worker id
+    # Elastic only. When the round began to count towards elastic_timeout.
+    opened_at: float = 0.0
+    # Members of the ended generation (worker id -> old rank) when this round
+    # follows one; those still in `expected` must re-join (or be lost) first.
+    previous: dict[str, int] = field(default_factory=dict)
+    expected: set[str] = field(default_factory=set)
+    # A first round waits for this many joiners (the launcher's world size)
+    # for at most one lease, then forms with whoever came (at least min_size).
+    wait_for: int = 0
+    # True for the round that follows an ended generation (kept while empty).
+    follows_generation: bool = False
 
 
 @dataclass
@@ -152,6 +234,8 @@ class Member:
     last_heartbeat: float
     state: MemberState = MemberState.ACTIVE
     cause: str = ""
+    # LEFT with rejoin: it left this generation only (an elastic reset).
+    rejoin: bool = False
 
     def describe(self) -> str:
         """``rank R (host H, pid P)``, the way every message names a member."""
@@ -177,6 +261,11 @@ class Job:
     negotiated_tensors: int = 0
     errors: int = 0
     negotiation_messages: int = 0
+    elastic: ElasticConfig | None = None
+    reset_count: int = 0  # generations formed after the first (elastic resets)
+    host_update_epoch: int = 0
+    removals_only: bool = False
+    events: deque[JobEvent] = field(default_factory=lambda: deque(maxlen=EVENT_LOG_LIMIT))
 
     @property
     def size(self) -> int:
@@ -244,7 +333,7 @@ class LossDecision(enum.Enum):
     """What a job does when it loses a member."""
 
     FAIL_JOB = "fail job"
-    # An elastic job will choose NEW_GENERATION here.
+    NEW_GENERATION = "new generation"
 
 
 # ---- rank assignment and topology ------------------------------------------------------
@@ -364,6 +453,74 @@ def new_job(job_id: str, now: float) -> Job:
     return Job(job_id=job_id, created_at=now)
 
 
+def _record(
+    job: Job,
+    now: float,
+    kind: str,
+    message: str = "",
+    member: Member | Joiner | None = None,
+    rank: int = -1,
+) -> None:
+    """Appends one event to the job's log (the deque drops the oldest past the limit)."""
+    host, pid = (member.host, member.pid) if member is not None else ("", 0)
+    if isinstance(member, Member):
+        rank = member.rank
+    job.events.append(JobEvent(int(now * 1000), kind, job.generation, rank, host, pid, message))
+
+
+def _elastic_of(job: Job, request: rpb.JoinRequest) -> ElasticConfig | None:
+    """The elastic bounds the request asks for, checked against the job's.
+
+    Raises:
+        InvalidRequestError: bounds out of order, or elasticity that contradicts
+            the job's (set by its first joiner).
+    """
+    wants = request.min_size > 0 or request.max_size > 0
+    if request.min_size < 0 or request.max_size < 0:
+        raise InvalidRequestError(
+            f"min_size and max_size must not be negative, got {request.min_size} and "
+            f"{request.max_size}"
+        )
+    if job.arrivals > 0:
+        if wants != (job.elastic is not None):
+            kind = "elastic" if job.elastic is not None else "not elastic"
+            raise InvalidRequestError(
+                f"job '{job.job_id}' is {kind} (set by its first joiner), but worker "
+                f"{request.worker_id} asks for min_size {request.min_size}, "
+                f"max_size {request.max_size}"
+            )
+        return job.elastic
+    if not wants:
+        return None
+    min_size = max(1, request.min_size)
+    if request.max_size and request.max_size < min_size:
+        raise InvalidRequestError(f"max_size {request.max_size} is below min_size {min_size}")
+    timeout_s = request.elastic_timeout_ms / 1000.0 if request.elastic_timeout_ms > 0 else 0.0
+    return ElasticConfig(min_size, request.max_size, timeout_s or DEFAULT_ELASTIC_TIMEOUT_S)
+
+
+def _round_config(request: rpb.JoinRequest, size: int) -> JobConfig:
+    return JobConfig(
+        size=size,
+        fusion_threshold_bytes=max(0, request.fusion_threshold_bytes),
+        stall_warning_s=max(0, request.stall_warning_ms) / 1000.0,
+        stall_shutdown_s=max(0, request.stall_shutdown_ms) / 1000.0,
+    )
+
+
+def _joiner(job: Job, request: rpb.JoinRequest, now: float) -> Joiner:
+    job.arrivals += 1
+    return Joiner(
+        worker_id=request.worker_id,
+        host=request.host,
+        pid=request.pid,
+        data_plane_address=request.data_plane_address,
+        rank_hint=request.rank_hint,
+        arrival=job.arrivals,
+        joined_at=now,
+    )
+
+
 def join(job: Job, request: rpb.JoinRequest, now: float) -> list[Effect]:
     """A worker asks to join the next generation.
 
@@ -373,20 +530,25 @@ def join(job: Job, request: rpb.JoinRequest, now: float) -> list[Effect]:
 
     Raises:
         InvalidRequestError: size contradicts the round's, hint out of range
-            or taken, empty ids, or the round is full.
+            or taken, empty ids, the round is full, or elastic bounds that
+            are out of order or contradict the job's.
         JobFailedError: the job has failed.
     """
     if not request.worker_id:
         raise InvalidRequestError("worker_id must not be empty")
     if job.phase is JobPhase.FAILED:
         raise JobFailedError(f"job '{job.job_id}' has failed: {job.failure}")
+    elastic = _elastic_of(job, request)
     member = job.by_worker.get(request.worker_id)
-    if member is not None and member.state is MemberState.ACTIVE:
+    if member is not None and member.state is MemberState.ACTIVE and job.phase is JobPhase.RUNNING:
         # A retry after the answer got lost: same generation, same view.
         return [Admit(request.worker_id, world_view(job, member))]
     size = request.expected_size
     if size < 1:
         raise InvalidRequestError(f"expected_size must be at least 1, got {size}")
+    if elastic is not None:
+        job.elastic = elastic
+        return _join_elastic(job, elastic, request, now)
     rnd = job.round
     if rnd is not None and rnd.config.size != size:
         raise InvalidRequestError(
@@ -396,6 +558,7 @@ def join(job: Job, request: rpb.JoinRequest, now: float) -> list[Effect]:
     hint = request.rank_hint
     if not -1 <= hint < size:
         raise InvalidRequestError(f"rank hint {hint} is outside [0, {size}) (or -1 for any)")
+    retry = False
     if rnd is not None:
         holder = rnd.hints.get(hint) if hint >= 0 else None
         if holder is not None and holder != request.worker_id:
@@ -404,34 +567,71 @@ def join(job: Job, request: rpb.JoinRequest, now: float) -> list[Effect]:
                 f"rank hint {hint} is already taken by worker {holder} "
                 f"(host {other.host}, pid {other.pid})"
             )
-        others = len(rnd.joiners) - (request.worker_id in rnd.joiners)
+        retry = request.worker_id in rnd.joiners
+        others = len(rnd.joiners) - retry
         if others >= size:
             raise RoundFullError(
                 f"job '{job.job_id}' already has {size} joiners for its next generation"
             )
         _drop_joiner(rnd, request.worker_id)  # a retry of a pending Join replaces it
     else:
-        rnd = job.round = Round(
-            JobConfig(
-                size=size,
-                fusion_threshold_bytes=max(0, request.fusion_threshold_bytes),
-                stall_warning_s=max(0, request.stall_warning_ms) / 1000.0,
-                stall_shutdown_s=max(0, request.stall_shutdown_ms) / 1000.0,
-            )
-        )
-    job.arrivals += 1
-    rnd.joiners[request.worker_id] = Joiner(
-        worker_id=request.worker_id,
-        host=request.host,
-        pid=request.pid,
-        data_plane_address=request.data_plane_address,
-        rank_hint=hint,
-        arrival=job.arrivals,
-        joined_at=now,
-    )
+        rnd = job.round = Round(_round_config(request, size))
+    joiner = rnd.joiners[request.worker_id] = _joiner(job, request, now)
     if hint >= 0:
         rnd.hints[hint] = request.worker_id
+    if not retry:
+        _record(
+            job,
+            now,
+            "join",
+            f"worker {request.worker_id} joined ({len(rnd.joiners)} of {size})",
+            joiner,
+            rank=hint,
+        )
     return _maybe_form(job, now)
+
+
+def _join_elastic(
+    job: Job, elastic: ElasticConfig, request: rpb.JoinRequest, now: float
+) -> list[Effect]:
+    """Join of an elastic job: rank hints only order newcomers; rounds are never full."""
+    worker_id = request.worker_id
+    if request.rank_hint < -1:
+        raise InvalidRequestError(
+            f"rank hint {request.rank_hint} must be -1 (any) or a rank, not negative"
+        )
+    rnd = job.round
+    if rnd is None:
+        rnd = job.round = Round(_round_config(request, request.expected_size), opened_at=now)
+        if job.phase is not JobPhase.RUNNING:  # a first round: wait for the launched world
+            rnd.wait_for = elastic.clamp(request.expected_size)
+    retry = worker_id in rnd.joiners
+    rnd.joiners.pop(worker_id, None)  # a retry of a pending Join replaces it
+    joiner = rnd.joiners[worker_id] = _joiner(job, request, now)
+    effects: list[Effect] = []
+    if retry:
+        return _maybe_form(job, now)
+    old_rank = rnd.previous.get(worker_id)
+    member = job.by_worker.get(worker_id)
+    if old_rank is not None and member is not None and member.state is MemberState.ACTIVE:
+        # Joining again is leaving the ended generation, even without Leave(rejoin).
+        member.state, member.rejoin, member.cause = MemberState.LEFT, True, "reset"
+    text = f"worker {worker_id} joined"
+    if old_rank is not None:
+        text += f" (rank {old_rank} of generation {job.generation})"
+    _record(job, now, "join", text, joiner)
+    if job.phase is JobPhase.RUNNING and elastic.below_max(len(job.members)):
+        job.host_update_epoch += 1
+        job.removals_only = False
+        message = (
+            f"worker {worker_id} (host {request.host}) waits to join running generation "
+            f"{job.generation} of {len(job.members)} member(s); host update epoch "
+            f"{job.host_update_epoch}"
+        )
+        _record(job, now, "join_waiting", message, joiner)
+        effects.append(Log(logging.INFO, f"job '{job.job_id}': {message}"))
+    effects.extend(_maybe_form(job, now))
+    return effects
 
 
 def _drop_joiner(rnd: Round, worker_id: str) -> None:
@@ -440,33 +640,75 @@ def _drop_joiner(rnd: Round, worker_id: str) -> None:
         rnd.hints.pop(joiner.rank_hint, None)
 
 
-def cancel_join(job: Job, worker_id: str) -> list[Effect]:
-    """A pending joiner's deadline passed: forget it (an empty round forgets its config)."""
+def cancel_join(job: Job, worker_id: str, now: float | None = None) -> list[Effect]:
+    """A pending joiner's deadline passed: forget it (an empty round forgets its config).
+
+    A member of an ended elastic generation stays expected: it may Join again
+    within a lease, counted from ``now`` (its Join call was alive until then).
+    """
     rnd = job.round
     if rnd is None or worker_id not in rnd.joiners:
         return []
     _drop_joiner(rnd, worker_id)
-    if not rnd.joiners:
+    member = job.by_worker.get(worker_id)
+    if worker_id in rnd.expected and member is not None and now is not None:
+        member.last_heartbeat = max(member.last_heartbeat, now)
+    if not rnd.joiners and not rnd.follows_generation:
         job.round = None
     return [Log(logging.INFO, f"job '{job.job_id}': worker {worker_id} stopped waiting to join")]
 
 
 def _maybe_form(job: Job, now: float) -> list[Effect]:
     rnd = job.round
-    if rnd is None or len(rnd.joiners) < rnd.config.size:
+    if rnd is None or job.phase is JobPhase.RUNNING:
+        return []  # the round waits until the running generation is over
+    if job.elastic is not None:
+        if not rnd.joiners or not rnd.expected <= rnd.joiners.keys():
+            return []  # members of the ended generation re-join (or are lost) first
+        if len(rnd.joiners) < max(job.elastic.min_size, rnd.wait_for):
+            return []
+        return _form(job, rnd, now)
+    if len(rnd.joiners) < rnd.config.size:
         return []
-    if job.phase is JobPhase.RUNNING:
-        return []  # the round waits until every member of the running generation has left
     return _form(job, rnd, now)
 
 
+def elastic_order(rnd: Round, max_size: int) -> tuple[list[Joiner], list[Joiner]]:
+    """Who an elastic round admits, by new rank, and who waits for a later round.
+
+    Members of the ended generation come first, in their old rank order (so
+    rank 0 stays with the survivor of lowest rank); then newcomers, chosen by
+    arrival up to ``max_size`` (0: no bound) and ranked by rank hint (hinted
+    first), host, arrival.
+    """
+    previous = sorted(
+        (j for j in rnd.joiners.values() if j.worker_id in rnd.previous),
+        key=lambda j: rnd.previous[j.worker_id],
+    )
+    newcomers = sorted(
+        (j for j in rnd.joiners.values() if j.worker_id not in rnd.previous),
+        key=lambda j: j.arrival,
+    )
+    room = max_size - len(previous) if max_size else len(newcomers)
+    chosen, later = newcomers[: max(0, room)], newcomers[max(0, room) :]
+    chosen.sort(key=lambda j: (j.rank_hint < 0, j.rank_hint, j.host, j.arrival))
+    return previous + chosen, later
+
+
 def _form(job: Job, rnd: Round, now: float) -> list[Effect]:
-    config = rnd.config
-    ordered = assign_ranks(list(rnd.joiners.values()), config.size)
+    later: list[Joiner] = []
+    if job.elastic is not None:
+        ordered, later = elastic_order(rnd, job.elastic.max_size)
+    else:
+        ordered = assign_ranks(list(rnd.joiners.values()), rnd.config.size)
+    config = dataclasses.replace(rnd.config, size=len(ordered))
+    kept = sum(1 for j in ordered if j.worker_id in rnd.previous)
     placements, homogeneous = place([j.host for j in ordered])
     job.generation += 1
     job.config = config
     job.round = None
+    if later:  # beyond max_size: they wait for a later round
+        job.round = Round(rnd.config, {j.worker_id: j for j in later}, opened_at=now)
     job.phase = JobPhase.RUNNING
     job.is_homogeneous = homogeneous
     job.members = [
@@ -486,28 +728,63 @@ def _form(job: Job, rnd: Round, now: float) -> list[Effect]:
     ]
     job.by_worker = {m.worker_id: m for m in job.members}
     job.table = NegotiationTable(config.size, config.fusion_threshold_bytes)
+    text = f"generation {job.generation} formed with {config.size} member(s)"
+    if job.elastic is not None and job.generation > 1:
+        job.reset_count += 1
+        text += f" ({kept} kept, {config.size - kept} new; reset {job.reset_count})"
+    if later:
+        text += f"; {len(later)} worker(s) wait for a later round (max_size)"
+    _record(job, now, "generation", text)
     effects: list[Effect] = [
         NewGeneration(job.generation, tuple(m.worker_id for m in job.members)),
-        Log(
-            logging.INFO,
-            f"job '{job.job_id}': generation {job.generation} formed with {config.size} member(s)",
-        ),
+        Log(logging.INFO, f"job '{job.job_id}': {text}"),
     ]
     template = _view_template(job)
     effects.extend(Admit(m.worker_id, world_view(job, m, template)) for m in job.members)
     return effects
 
 
-def leave(job: Job, worker_id: str, reason: str, now: float) -> list[Effect]:
+def _end_generation(job: Job, now: float, why: str) -> list[Effect]:
+    """An elastic generation is over: open the round that expects its survivors."""
+    job.table.clear()
+    job.phase = JobPhase.GATHERING
+    previous = {
+        m.worker_id: m.rank
+        for m in job.members
+        if m.state is MemberState.ACTIVE or (m.state is MemberState.LEFT and m.rejoin)
+    }
+    rnd = job.round
+    if rnd is None:
+        rnd = job.round = Round(job.config or JobConfig(size=len(job.members)))
+    rnd.previous, rnd.expected = previous, set(previous)
+    rnd.opened_at, rnd.wait_for, rnd.follows_generation = now, 0, True
+    newcomers = len(rnd.joiners)
+    effects: list[Effect] = [
+        Log(
+            logging.INFO,
+            f"job '{job.job_id}': generation {job.generation} is over ({why}); the next "
+            f"round expects {len(previous)} member(s) to re-join, {newcomers} newcomer(s) wait",
+        )
+    ]
+    effects.extend(_maybe_form(job, now))
+    return effects
+
+
+def leave(job: Job, worker_id: str, reason: str, now: float, rejoin: bool = False) -> list[Effect]:
     """A worker leaves on purpose (idempotent).
 
     Pending tensors the leaver never submitted fail on the ranks that did; the
     others get MEMBER_LEFT. When the last member leaves the job is FINISHED and
     a complete waiting round forms the next generation.
+
+    With ``rejoin`` (elastic jobs only; ignored otherwise) the member leaves
+    this generation only: the generation is over, and the next round expects
+    the leaver (and every other member still alive) to Join again.
     """
+    rejoin = rejoin and job.elastic is not None
     rnd = job.round
     if rnd is not None and worker_id in rnd.joiners:
-        effects = cancel_join(job, worker_id)
+        effects = cancel_join(job, worker_id, now)
         effects.append(
             Reject(
                 worker_id,
@@ -516,47 +793,130 @@ def leave(job: Job, worker_id: str, reason: str, now: float) -> list[Effect]:
                 ),
             )
         )
+        if worker_id in rnd.expected and not rejoin:
+            effects.extend(_leave_between(job, rnd, job.by_worker[worker_id], reason, False, now))
         return effects
     member = job.by_worker.get(worker_id)
-    if member is None or member.state is not MemberState.ACTIVE:
+    if member is None:
         return []
+    if job.phase is JobPhase.GATHERING and rnd is not None and worker_id in rnd.expected:
+        return _leave_between(job, rnd, member, reason, rejoin, now)
+    if member.state is not MemberState.ACTIVE:
+        return []
+    rejoin = rejoin and job.phase is JobPhase.RUNNING
     member.state = MemberState.LEFT
-    member.cause = reason or "left"
+    member.rejoin = rejoin
+    member.cause = reason or ("reset" if rejoin else "left")
+    _record(job, now, "reset" if rejoin else "left", member.cause, member)
+    what = "left for an elastic reset" if rejoin else "left"
     effects: list[Effect] = [
         Log(
             logging.INFO,
             f"job '{job.job_id}' generation {job.generation}: "
-            f"{member.describe()} left ({member.cause})",
+            f"{member.describe()} {what} ({member.cause})",
         )
     ]
     if job.phase is not JobPhase.RUNNING:
         return effects
-    failed = job.table.depart(member.rank, f"{member.describe()} has shut down")
+    gone = "left for an elastic reset" if rejoin else "has shut down"
+    failed = job.table.depart(member.rank, f"{member.describe()} {gone}")
     effects.extend(_send_by_rank(job, failed))
     others = job.active_worker_ids()
     if others:
         effects.append(
             Send(others, _event(job, npb.EVENT_TYPE_MEMBER_LEFT, now, member, member.cause))
         )
+    if rejoin:
+        effects.extend(_end_generation(job, now, f"{member.describe()} left to re-join"))
+        return effects
+    if others:
         return effects
     job.phase = JobPhase.FINISHED
     job.table.clear()
+    _record(job, now, "finished", f"every member of generation {job.generation} left")
     effects.append(Log(logging.INFO, f"job '{job.job_id}': generation {job.generation} finished"))
     effects.extend(_maybe_form(job, now))
     return effects
 
 
+def _leave_between(
+    job: Job, rnd: Round, member: Member, reason: str, rejoin: bool, now: float
+) -> list[Effect]:
+    """Leave of a member of an ended elastic generation that the next round expects."""
+    effects: list[Effect] = []
+    if rejoin:
+        member.last_heartbeat = max(member.last_heartbeat, now)  # a fresh lease to re-join
+        if member.state is MemberState.ACTIVE:
+            member.state, member.rejoin, member.cause = MemberState.LEFT, True, reason or "reset"
+            _record(job, now, "reset", member.cause, member)
+        return effects
+    member.state, member.rejoin, member.cause = MemberState.LEFT, False, reason or "left"
+    rnd.expected.discard(member.worker_id)
+    _record(job, now, "left", member.cause, member)
+    effects.append(
+        Log(
+            logging.INFO,
+            f"job '{job.job_id}': {member.describe()} of ended generation {job.generation} "
+            f"left ({member.cause}); the next round no longer expects it",
+        )
+    )
+    if not rnd.expected and not rnd.joiners:
+        job.phase = JobPhase.FINISHED
+        job.round = None
+        _record(job, now, "finished", "every member left")
+        effects.append(Log(logging.INFO, f"job '{job.job_id}': every member left; finished"))
+        return effects
+    effects.extend(_maybe_form(job, now))
+    return effects
+
+
 def heartbeat(job: Job, worker_id: str, now: float, lease_s: float) -> rpb.HeartbeatResponse:
-    """Renews an ACTIVE member's lease and reports the job's generation and state."""
+    """Renews a member's lease and reports the job's generation and state.
+
+    Renews ACTIVE members, and members of an ended elastic generation that the
+    next round still expects (they are between Leave(rejoin) and Join).
+    """
     member = job.by_worker.get(worker_id)
-    if member is not None and member.state is MemberState.ACTIVE:
+    if member is not None and (
+        member.state is MemberState.ACTIVE
+        or (job.round is not None and worker_id in job.round.expected)
+    ):
         member.last_heartbeat = now
     return rpb.HeartbeatResponse(
         generation=job.generation,
         job_state=_JOB_STATE_PB[job.phase],
         lease_ms=int(lease_s * 1000),
         failure=job.failure,
+        host_update_epoch=job.host_update_epoch,
+        removals_only=job.removals_only,
     )
+
+
+def report_event(job: Job, kind: str, host: str, message: str, now: float) -> None:
+    """Records an event the launcher saw (a blacklisted host, a started worker, ...).
+
+    Raises:
+        InvalidRequestError: ``kind`` is empty.
+    """
+    if not kind:
+        raise InvalidRequestError("an event needs a kind (e.g. 'blacklist')")
+    job.events.append(JobEvent(int(now * 1000), kind, job.generation, -1, host, 0, message))
+
+
+def events_pb(job: Job) -> list[rpb.JobEvent]:
+    """The job's event log, oldest first, as protobuf messages."""
+    return [
+        rpb.JobEvent(
+            unix_ms=e.unix_ms,
+            kind=e.kind,
+            generation=e.generation,
+            rank=e.rank,
+            host=e.host,
+            pid=e.pid,
+            message=e.message,
+        )
+        for e in job.events
+    ]
 
 
 def get_world(job: Job, worker_id: str) -> rpb.WorldView:
@@ -685,24 +1045,29 @@ def stream_closed(job: Job, worker_id: str, generation: int, now: float) -> list
 def decide_after_loss(job: Job, member: Member) -> LossDecision:
     """The one place that decides what losing a member means for the job.
 
-    Non-elastic jobs fail; an elastic mode will return a new generation here.
+    Non-elastic jobs fail; elastic jobs end the generation and open the next
+    round (which fails the job later if it cannot gather min_size workers).
     """
-    return LossDecision.FAIL_JOB
+    return LossDecision.FAIL_JOB if job.elastic is None else LossDecision.NEW_GENERATION
 
 
 def _lose(job: Job, member: Member, cause: str, now: float) -> list[Effect]:
     member.state = MemberState.LOST
     member.cause = cause
-    # Only FAIL_JOB exists so far; an elastic decision will branch here.
-    decide_after_loss(job, member)
+    decision = decide_after_loss(job, member)
     failure = f"{member.describe()} was lost: {cause}"
+    _record(job, now, "lost", cause, member)
+    level = logging.ERROR if decision is LossDecision.FAIL_JOB else logging.WARNING
     effects: list[Effect] = [
-        Log(logging.ERROR, f"job '{job.job_id}' generation {job.generation}: {failure}")
+        Log(level, f"job '{job.job_id}' generation {job.generation}: {failure}")
     ]
     others = job.active_worker_ids()
     if others:
         effects.append(Send(others, _event(job, npb.EVENT_TYPE_MEMBER_LOST, now, member, cause)))
-    effects.extend(_fail(job, failure, now))
+    if decision is LossDecision.NEW_GENERATION:
+        effects.extend(_end_generation(job, now, failure))
+    else:
+        effects.extend(_fail(job, failure, now))
     return effects
 
 
@@ -710,6 +1075,7 @@ def _fail(job: Job, failure: str, now: float) -> list[Effect]:
     job.phase = JobPhase.FAILED
     job.failure = failure
     job.table.clear()
+    _record(job, now, "failed", failure)
     effects: list[Effect] = []
     others = job.active_worker_ids()
     if others:
@@ -813,7 +1179,9 @@ def handle_requests(
 
 
 def check(job: Job, now: float, lease_s: float) -> list[Effect]:
-    """The periodic check: expired leases, then stalled tensors."""
+    """The periodic check: expired leases, then stalled tensors; elastic rounds' deadlines."""
+    if job.phase is not JobPhase.RUNNING and job.elastic is not None and job.round is not None:
+        return _check_round(job, job.elastic, job.round, now, lease_s)
     if job.phase is not JobPhase.RUNNING:
         return []
     effects: list[Effect] = []
@@ -862,4 +1230,47 @@ def check(job: Job, now: float, lease_s: float) -> list[Effect]:
             if job.members[r].state is MemberState.ACTIVE
         )
         effects.append(Send(submitters, message))
+    return effects
+
+
+def _check_round(
+    job: Job, elastic: ElasticConfig, rnd: Round, now: float, lease_s: float
+) -> list[Effect]:
+    """An elastic round's deadlines: leases of members awaited, settling, elastic timeout.
+
+    A member of the ended generation that has not re-joined within its lease is
+    lost and no longer expected. A first round stops waiting for the launched
+    world size one lease after it opened. A round that still lacks min_size
+    joiners ``elastic.timeout_s`` after it opened fails the job.
+    """
+    effects: list[Effect] = []
+    for worker_id in sorted(rnd.expected - rnd.joiners.keys()):
+        member = job.by_worker[worker_id]
+        silent = now - member.last_heartbeat
+        if silent <= lease_s:
+            continue
+        member.state = MemberState.LOST
+        member.cause = f"lease expired (no heartbeat for {silent:.1f} s)"
+        rnd.expected.discard(worker_id)
+        _record(job, now, "lost", member.cause, member)
+        effects.append(
+            Log(
+                logging.WARNING,
+                f"job '{job.job_id}': {member.describe()} of ended generation "
+                f"{job.generation} was lost before re-joining: {member.cause}",
+            )
+        )
+    waited = now - rnd.opened_at
+    if rnd.wait_for and waited > lease_s:
+        rnd.wait_for = 0
+    came = len(rnd.joiners)
+    if came < elastic.min_size and waited > elastic.timeout_s:
+        failure = (
+            f"elastic job '{job.job_id}': only {came} worker(s) joined within "
+            f"{elastic.timeout_s:g} s; at least {elastic.min_size} required (min_size)"
+        )
+        effects.append(Log(logging.ERROR, failure))
+        effects.extend(_fail(job, failure, now))
+        return effects
+    effects.extend(_maybe_form(job, now))
     return effects

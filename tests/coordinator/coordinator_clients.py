@@ -92,11 +92,40 @@ class Client:
             views = [f.result(timeout=15) for f in futures]
         return sorted(views, key=lambda v: v.rank)
 
-    def leave(self, job_id: str, worker_id: str, reason: str = "shutdown") -> None:
+    def leave(
+        self, job_id: str, worker_id: str, reason: str = "shutdown", *, rejoin: bool = False
+    ) -> None:
         self.rendezvous.Leave(
-            rendezvous_pb2.LeaveRequest(job_id=job_id, worker_id=worker_id, reason=reason),
+            rendezvous_pb2.LeaveRequest(
+                job_id=job_id, worker_id=worker_id, reason=reason, rejoin=rejoin
+            ),
             metadata=self.metadata,
             timeout=5,
+        )
+
+    def heartbeat(
+        self, job_id: str, worker_id: str, generation: int = 0
+    ) -> rendezvous_pb2.HeartbeatResponse:
+        return self.rendezvous.Heartbeat(
+            rendezvous_pb2.HeartbeatRequest(
+                job_id=job_id, worker_id=worker_id, generation=generation
+            ),
+            metadata=self.metadata,
+            timeout=5,
+        )
+
+    def report_event(self, job_id: str, kind: str, host: str = "", message: str = "") -> None:
+        self.rendezvous.ReportEvent(
+            rendezvous_pb2.ReportEventRequest(job_id=job_id, kind=kind, host=host, message=message),
+            metadata=self.metadata,
+            timeout=5,
+        )
+
+    def list_events(self, job_id: str) -> list[rendezvous_pb2.JobEvent]:
+        return list(
+            self.rendezvous.ListEvents(
+                rendezvous_pb2.ListEventsRequest(job_id=job_id), metadata=self.metadata, timeout=5
+            ).events
         )
 
     def stream(self, job_id: str, worker_id: str, generation: int) -> FakeStream:

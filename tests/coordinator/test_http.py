@@ -129,3 +129,55 @@ def test_readyz_is_503_until_grpc_serves():
             return codes
 
     assert asyncio.run(probe()) == [503, 200]
+
+
+@pytest.mark.unit
+def test_events_and_elastic_fields_in_process():
+    import asyncio
+
+    from coordinator_transitions import form, jreq
+
+    from hora_coordinator import Coordinator, CoordinatorSettings
+    from hora_coordinator import state as st
+    from hora_coordinator.http import create_app
+
+    coordinator = Coordinator(CoordinatorSettings(token="t"))
+    elastic = coordinator.jobs["e"] = form(2, min_size=1, max_size=4, elastic_timeout_ms=5000)
+    st.stream_closed(elastic, "w1", 1, 1.5)
+    st.join(elastic, jreq("w0", 2, min_size=1, max_size=4), 2.0)
+    plain = coordinator.jobs["p"] = form(1)
+
+    async def read() -> dict[str, object]:
+        transport = httpx.ASGITransport(app=create_app(coordinator))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return {
+                "events": (await client.get("/api/v1/jobs/e/events")).json(),
+                "elastic": (await client.get("/api/v1/jobs/e")).json(),
+                "plain": (await client.get("/api/v1/jobs/p")).json(),
+                "plain_events": (await client.get("/api/v1/jobs/p/events")).json(),
+                "missing": (await client.get("/api/v1/jobs/nope/events")).status_code,
+            }
+
+    got = asyncio.run(read())
+    assert [e["kind"] for e in got["events"]] == [
+        "join",
+        "join",
+        "generation",
+        "lost",
+        "join",
+        "generation",
+    ]
+    lost = got["events"][3]
+    assert (lost["unix_ms"], lost["rank"], lost["generation"], lost["message"]) == (
+        1500,
+        1,
+        1,
+        "stream closed",
+    )
+    detail = got["elastic"]
+    assert (detail["elastic"], detail["min_size"], detail["max_size"]) == (True, 1, 4)
+    assert (detail["reset_count"], detail["host_update_epoch"], detail["generation"]) == (1, 0, 2)
+    assert (got["plain"]["elastic"], got["plain"]["reset_count"]) == (False, 0)
+    assert [e["kind"] for e in got["plain_events"]] == ["join", "generation"]
+    assert got["missing"] == 404
+    assert plain.reset_count == 0

@@ -180,3 +180,26 @@ def test_collector_reads_state_at_each_scrape_in_process():
     job.negotiated_tensors = 41
     job.negotiated_tensors += 1  # no second copy to update: the next scrape sees it
     assert value("hora_negotiated_tensors_total") == 42
+
+
+@pytest.mark.unit
+def test_elastic_resets_are_counted():
+    from coordinator_transitions import form, jreq
+
+    from hora_coordinator import Coordinator, CoordinatorSettings
+    from hora_coordinator import state as st
+    from hora_coordinator.metrics import create_registry, render
+
+    coordinator = Coordinator(CoordinatorSettings(token="t"))
+    registry = create_registry(coordinator)
+    job = coordinator.jobs["job"] = form(2, min_size=1, max_size=2)
+    st.leave(job, "w1", "done", 1.0)
+    st.leave(job, "w0", "reset", 1.0, rejoin=True)
+    st.join(job, jreq("w0", 2, min_size=1), 1.5)
+    samples = {
+        (s.name, s.labels.get("job_id")): s.value
+        for family in text_string_to_metric_families(render(registry).decode())
+        for s in family.samples
+    }
+    assert samples[("hora_job_resets_total", "job")] == 1
+    assert samples[("hora_job_generation", "job")] == 2
