@@ -1,4 +1,5 @@
-"""Fixtures for the launcher tests: write worker scripts, run ``horarun`` for real."""
+"""Fixtures for the launcher tests: write worker scripts and host discovery
+scripts, run ``horarun`` for real."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from launcher_helpers import HORARUN
+from launcher_helpers import HORARUN, Discovery
 
 
 @pytest.fixture
@@ -40,3 +41,9 @@ def horarun() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+@pytest.fixture
+def discovery(tmp_path: Path) -> Discovery:
+    """A discovery script in ``tmp_path`` printing nothing until told otherwise."""
+    return Discovery(tmp_path)

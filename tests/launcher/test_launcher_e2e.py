@@ -300,7 +300,9 @@ def test_help(horarun: Run) -> None:
     result = horarun(["--help"])
     assert result.returncode == 0
     for flag in ("-np", "--hostfile", "--coordinator", "--fusion-threshold-mb",
-                 "--stall-check-warning-time-seconds", "--disable-prefix"):
+                 "--stall-check-warning-time-seconds", "--disable-prefix", "--min-np",
+                 "--max-np", "--host-discovery-script", "--slots-per-host", "--reset-limit",
+                 "--blacklist-cooldown-range", "--elastic-timeout"):
         assert flag in result.stdout
 
 

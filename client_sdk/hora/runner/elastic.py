@@ -34,7 +34,11 @@ The rules:
 * **Finish.** The first worker to exit 0 means training is done: no more
   workers start, and the others get ``elastic_timeout`` to exit. The job
   then exits 0 if they all exit 0, else with the first non-zero code among
-  them (1 when some were still running at the deadline).
+  them (1 when some were still running at the deadline). One exception: a
+  worker known to have started after the job's last generation formed (a
+  replacement or newcomer that never took part in the world that finished)
+  does not decide the exit code; the supervisor tells from the
+  coordinator's event log, and when it cannot tell, the failure counts.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 from .hosts import HostSlots
@@ -161,7 +165,8 @@ class _HostRecord:
     # When the host is usable again: math.inf for good, None when it is not
     # blacklisted.
     blacklisted_until: float | None = None
-    cooldown: float = field(default=0.0)
+    # The last cooldown drawn, in seconds.
+    cooldown: float = 0.0
 
 
 class ElasticPlanner:
@@ -198,6 +203,11 @@ class ElasticPlanner:
         return self._phase is _Phase.DONE
 
     @property
+    def training_finished(self) -> bool:
+        """Whether a worker has exited 0 and the others are being waited for."""
+        return self._phase is _Phase.FINISHING
+
+    @property
     def target(self) -> int:
         """How many workers the job aims to run."""
         return self._target
@@ -214,10 +224,6 @@ class ElasticPlanner:
     def active_workers(self) -> int:
         """Workers started and not being stopped (what counts towards min_np)."""
         return sum(1 for w in self._workers.values() if not w.stopping)
-
-    def workers(self) -> dict[int, tuple[str, int]]:
-        """Every worker not known to have exited: id -> (host, slot)."""
-        return {wid: (w.host, w.slot) for wid, w in self._workers.items()}
 
     def _free_slots(self) -> list[tuple[str, int]]:
         taken = {(w.host, w.slot) for w in self._workers.values()}
@@ -280,8 +286,18 @@ class ElasticPlanner:
         self._phase = _Phase.DONE
         return [Say(f"cannot start a worker on {worker.host}: {error}"), Finish(code)]
 
-    def worker_exited(self, worker_id: int, returncode: int) -> list[Action]:
-        """A worker's process ended with ``returncode`` (Popen's: -N for signal N)."""
+    def worker_exited(self, worker_id: int, returncode: int, *,
+                      in_final_world: bool | None = None) -> list[Action]:
+        """A worker's process ended with ``returncode`` (Popen's: -N for signal N).
+
+        Args:
+            worker_id: the worker of a :class:`StartWorker`.
+            returncode: how it ended.
+            in_final_world: for a failure after training finished, whether
+                the worker started before the job's last generation formed
+                (False: it cannot have been part of the world that finished,
+                so its failure does not count); None when unknown.
+        """
         worker = self._workers.pop(worker_id, None)
         if worker is None or worker.stopping or self._phase is _Phase.DONE:
             return []
@@ -298,6 +314,10 @@ class ElasticPlanner:
                         f"up to {self._timeout:g} s for the other "
                         f"{plural(others, 'worker')}")]
         if self._phase is _Phase.FINISHING:
+            if in_final_world is False:
+                return [Say(f"{who} {describe_exit(returncode)} after training finished; "
+                            f"it started after the last generation formed, so it had no "
+                            f"part in the training and does not decide the exit code")]
             if self._code_after_success is None:
                 self._code_after_success = exit_code_of(returncode)
             return [Say(f"{who} {describe_exit(returncode)} after training finished")]

@@ -21,6 +21,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .discovery import HostPoller
 from .elastic import (
@@ -32,7 +33,6 @@ from .elastic import (
     StartWorker,
     StopWorker,
 )
-from .events import EventReporter
 from .hosts import is_local_host
 from .procs import (
     GRACE_PERIOD,
@@ -45,6 +45,9 @@ from .procs import (
     signal_name,
 )
 
+if TYPE_CHECKING:  # gRPC is imported only when an elastic job runs
+    from .events import EventReporter
+
 __all__ = ["ElasticSupervisor"]
 
 
@@ -54,6 +57,9 @@ class _Proc:
     host: str
     label: str
     proc: subprocess.Popen[bytes]
+    # Wall-clock start, ms since the Unix epoch, to compare with the
+    # coordinator's event times.
+    started_ms: int
     # When SIGKILL is due (it was asked to stop), math.inf once it was sent.
     kill_at: float | None = None
     killed_at: float | None = None
@@ -73,13 +79,18 @@ class ElasticSupervisor:
             ignored, with a message, since workers start only locally.
         grace_period: seconds between SIGTERM (or a forwarded signal) and SIGKILL.
         verbose: also announce the workers of the initial start.
+        same_clock: the coordinator runs on this machine, so the times in its
+            event log compare with this process's clock (needed to tell
+            whether a worker failing after training finished was part of
+            the final world).
     """
 
     def __init__(self, planner: ElasticPlanner, poller: HostPoller,
                  make_env: Callable[[str], Mapping[str, str]], argv: Sequence[str], *,
                  output: WorkerOutput, reporter: EventReporter | None = None,
                  is_local: Callable[[str], bool] = is_local_host,
-                 grace_period: float = GRACE_PERIOD, verbose: bool = False) -> None:
+                 grace_period: float = GRACE_PERIOD, verbose: bool = False,
+                 same_clock: bool = True) -> None:
         self._planner = planner
         self._poller = poller
         self._make_env = make_env
@@ -89,6 +100,7 @@ class ElasticSupervisor:
         self._is_local = is_local
         self._grace = grace_period
         self._verbose = verbose
+        self._same_clock = same_clock
         self._signals = SignalRecorder()
         self._procs: dict[int, _Proc] = {}
         self._hosts_version = 0
@@ -123,7 +135,8 @@ class ElasticSupervisor:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._apply(self._planner.worker_start_failed(action.worker_id, code, str(exc)))
             return
-        self._procs[action.worker_id] = _Proc(action.worker_id, action.host, action.label, proc)
+        self._procs[action.worker_id] = _Proc(action.worker_id, action.host, action.label, proc,
+                                              int(time.time() * 1000))
         self._planner.worker_running(action.worker_id, proc.pid)
         if action.announce or self._verbose:
             message = f"started worker {action.label} (pid {proc.pid})"
@@ -166,7 +179,16 @@ class ElasticSupervisor:
             if returncode is None:
                 continue
             del self._procs[worker_id]
-            self._apply(self._planner.worker_exited(worker_id, returncode))
+            in_final_world = None
+            if (returncode != 0 and self._planner.training_finished
+                    and self._reporter is not None and self._same_clock):
+                # Rare (a failure after training finished), so a blocking
+                # read of the event log with a short deadline is fine here.
+                formed = self._reporter.last_generation_ms()
+                if formed is not None:
+                    in_final_world = proc.started_ms <= formed
+            self._apply(self._planner.worker_exited(worker_id, returncode,
+                                                    in_final_world=in_final_world))
 
     def _handle_signals(self) -> None:
         for signum in self._signals.take():

@@ -1,9 +1,11 @@
-"""Recording what the launcher saw in the job's event log at the coordinator.
+"""The job's event log at the coordinator: what the launcher records and reads.
 
 Best effort by design: an event that cannot be recorded (the coordinator is
 unreachable, or does not implement ``ReportEvent`` yet) must never slow
 down or fail the job. Calls go out on a thread of their own with a short
 deadline; the first failure is said once and later ones are dropped quietly.
+Reading (:meth:`EventReporter.last_generation_ms`) answers None when the
+log cannot be read, and the caller falls back to not knowing.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import grpc
+
+from hora.v1 import rendezvous_pb2, rendezvous_pb2_grpc
+
 __all__ = ["EVENT_DEADLINE", "EventReporter"]
 
 # Seconds one ReportEvent call may take.
@@ -21,7 +27,8 @@ TOKEN_METADATA_KEY = "hora-token"
 
 
 class EventReporter:
-    """Sends ``ReportEvent`` calls to the coordinator in the background.
+    """Sends ``ReportEvent`` calls to the coordinator in the background, and
+    reads the job's event log.
 
     Args:
         address: coordinator gRPC address ``HOST:PORT``.
@@ -41,6 +48,10 @@ class EventReporter:
         self._deadline = deadline
         self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
         self._warned = False
+        # Channels are thread-safe: the sender thread and last_generation_ms
+        # share this one.
+        self._channel = grpc.insecure_channel(address)
+        self._stub: Any = rendezvous_pb2_grpc.RendezvousStub(self._channel)
         self._thread = threading.Thread(target=self._run, name="horarun-events", daemon=True)
         self._thread.start()
 
@@ -48,30 +59,40 @@ class EventReporter:
         """Queues one event; returns at once."""
         self._queue.put((kind, host, message))
 
+    def last_generation_ms(self) -> int | None:
+        """When the job's latest generation formed (ms since the Unix epoch).
+
+        Returns:
+            The time of the log's last ``generation`` event, or None when the
+            log cannot be read or holds none.
+        """
+        request = rendezvous_pb2.ListEventsRequest(job_id=self._job_id)
+        try:
+            response = self._stub.ListEvents(request, timeout=self._deadline,
+                                             metadata=self._metadata)
+        except grpc.RpcError:
+            return None
+        times = [e.unix_ms for e in response.events if e.kind == "generation"]
+        return max(times) if times else None
+
     def close(self, timeout: float = 2 * EVENT_DEADLINE) -> None:
         """Sends what is queued (waiting at most ``timeout`` s) and stops."""
         self._queue.put(None)
         self._thread.join(timeout)
+        self._channel.close()
 
     def _run(self) -> None:
-        # Imported here: the static launcher path never needs gRPC.
-        import grpc
-
-        from hora.v1 import rendezvous_pb2, rendezvous_pb2_grpc
-
-        channel = grpc.insecure_channel(self._address)
-        stub: Any = rendezvous_pb2_grpc.RendezvousStub(channel)
-        try:
-            while (item := self._queue.get()) is not None:
-                kind, host, message = item
-                request = rendezvous_pb2.ReportEventRequest(
-                    job_id=self._job_id, kind=kind, host=host, message=message)
-                try:
-                    stub.ReportEvent(request, timeout=self._deadline, metadata=self._metadata)
-                except grpc.RpcError as exc:
-                    self._warn(kind, exc)
-        finally:
-            channel.close()
+        while (item := self._queue.get()) is not None:
+            kind, host, message = item
+            request = rendezvous_pb2.ReportEventRequest(
+                job_id=self._job_id, kind=kind, host=host, message=message)
+            try:
+                self._stub.ReportEvent(request, timeout=self._deadline,
+                                       metadata=self._metadata)
+            except grpc.RpcError as exc:
+                self._warn(kind, exc)
+            except ValueError:
+                return  # the channel was closed under us: close() gave up waiting
 
     def _warn(self, kind: str, exc: Any) -> None:
         if self._warned:

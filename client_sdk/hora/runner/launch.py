@@ -24,12 +24,11 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .args import ElasticConfig, LaunchConfig, parse_args
+from .args import ElasticConfig, LaunchConfig, parse_address, parse_args
 from .discovery import HostPoller, run_discovery_script
 from .elastic import ElasticPlanner, ElasticPolicy
 from .elastic_supervisor import ElasticSupervisor
 from .env import elastic_worker_environment, worker_environment
-from .events import EventReporter
 from .hosts import (
     HostError,
     HostSlots,
@@ -182,6 +181,9 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str) ->
 
 def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
                  find_hosts: Callable[[], list[HostSlots]], coordinator: str) -> int:
+    # Here, not at module level: a static job never needs gRPC in this process.
+    from .events import EventReporter
+
     base = _base_env(config)
 
     def make_env(host: str) -> dict[str, str]:
@@ -206,8 +208,10 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
     poller = HostPoller(find_hosts, say=output.say)
     reporter = EventReporter(coordinator, config.job_id, config.token, say=output.say)
     try:
+        same_clock = is_local_host(parse_address(coordinator)[0])
         return ElasticSupervisor(planner, poller, make_env, config.command, output=output,
-                                 reporter=reporter, verbose=config.verbose).run()
+                                 reporter=reporter, verbose=config.verbose,
+                                 same_clock=same_clock).run()
     finally:
         # Before the embedded coordinator stops, so the last events land.
         reporter.close()

@@ -1,0 +1,551 @@
+"""Unit tests of elastic mode: flags, discovery parsing, the planner's
+decisions under a fake clock, and one in-process run of the executor."""
+
+from __future__ import annotations
+
+import io
+import random
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from hora.runner.args import ElasticConfig, parse_args
+from hora.runner.discovery import DiscoveryError, HostPoller, run_discovery_script
+from hora.runner.elastic import (
+    Action,
+    ElasticPlanner,
+    ElasticPolicy,
+    Finish,
+    ReportEvent,
+    Say,
+    StartWorker,
+    StopWorker,
+)
+from hora.runner.elastic_supervisor import ElasticSupervisor
+from hora.runner.env import elastic_worker_environment
+from hora.runner.hosts import HostError, HostSlots, parse_discovery_output
+from hora.runner.procs import WorkerOutput
+from hora.settings import Settings
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
+
+
+# -- flags -------------------------------------------------------------------------
+
+
+def test_discovery_script_makes_the_job_elastic() -> None:
+    config = parse_args(["--min-np", "2", "--max-np", "4", "--host-discovery-script",
+                         "./discover.sh --zone a", "--slots-per-host", "2", "--reset-limit",
+                         "3", "--blacklist-cooldown-range", "5", "30", "--elastic-timeout",
+                         "60", "python", "train.py"], environ={})
+    assert config.num_proc == 2  # -np defaults to --min-np
+    assert config.elastic == ElasticConfig(
+        min_np=2, max_np=4, discovery_script="./discover.sh --zone a", slots_per_host=2,
+        reset_limit=3, cooldown_range=(timedelta(seconds=5), timedelta(seconds=30)),
+        elastic_timeout=timedelta(seconds=60))
+    assert config.worker_settings == {"min_size": 2, "max_size": 4, "reset_limit": 3,
+                                      "elastic_timeout": timedelta(seconds=60)}
+
+
+def test_elastic_defaults() -> None:
+    config = parse_args(["-np", "3", "--host-discovery-script", "d.sh", "c"], environ={})
+    assert config.num_proc == 3
+    assert config.elastic == ElasticConfig(min_np=3, discovery_script="d.sh")
+    assert config.elastic.elastic_timeout == timedelta(seconds=600)
+    # No maximum: workers are not told one.
+    assert config.worker_settings == {"min_size": 3, "elastic_timeout": timedelta(seconds=600)}
+
+
+def test_min_max_with_a_fixed_host_list() -> None:
+    config = parse_args(["-np", "3", "--min-np", "2", "--max-np", "4", "-H",
+                         "127.0.0.2:2,127.0.0.3:2", "c"], environ={})
+    assert config.elastic is not None and config.elastic.discovery_script is None
+    assert (config.num_proc, config.elastic.min_np, config.elastic.max_np) == (3, 2, 4)
+    assert config.hosts_arg == "127.0.0.2:2,127.0.0.3:2"
+
+
+def test_static_job_is_not_elastic() -> None:
+    config = parse_args(["-np", "2", "c"], environ={})
+    assert config.elastic is None
+    assert "min_size" not in config.worker_settings
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--host-discovery-script", "d.sh", "c"], "needs --min-np or -np"),
+    (["--min-np", "3", "--max-np", "2", "--host-discovery-script", "d.sh", "c"],
+     "--min-np 3 is larger than --max-np 2"),
+    (["-np", "1", "--min-np", "2", "--host-discovery-script", "d.sh", "c"],
+     "-np 1 is below --min-np 2"),
+    (["-np", "5", "--min-np", "2", "--max-np", "4", "--host-discovery-script", "d.sh", "c"],
+     "-np 5 is above --max-np 4"),
+    (["--min-np", "1", "--host-discovery-script", "d.sh", "--blacklist-cooldown-range", "9",
+      "3", "c"], "MIN 9 is larger than MAX 3"),
+    (["--min-np", "1", "--host-discovery-script", "d.sh", "--blacklist-cooldown-range", "9",
+      "c"], "expected a number"),
+    (["--min-np", "2", "--max-np", "4", "c"], "needs --host-discovery-script"),
+    (["-np", "2", "--reset-limit", "3", "c"], "--reset-limit applies to elastic jobs only"),
+    (["-np", "2", "--elastic-timeout", "3", "c"], "--elastic-timeout applies to elastic"),
+    (["--min-np", "1", "-H", "a:1", "--slots-per-host", "2", "c"],
+     "--slots-per-host applies to --host-discovery-script only"),
+    (["--min-np", "1", "-H", "a:1", "--host-discovery-script", "d.sh", "c"],
+     "not allowed with argument -H/--hosts"),
+    (["--min-np", "0", "--host-discovery-script", "d.sh", "c"], "must be at least 1"),
+    (["--min-np", "1", "--host-discovery-script", "d.sh", "--elastic-timeout", "0", "c"],
+     "must be > 0"),
+    (["--min-np", "1", "--host-discovery-script", "d.sh", "--reset-limit", "-1", "c"],
+     "must be >= 0"),
+    (["--min-np", "1", "--host-discovery-script", " ", "c"], "empty command"),
+])
+def test_elastic_usage_errors_exit_2(argv: list[str], message: str,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(argv, environ={})
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: horarun -np N")
+    assert message in err
+
+
+# -- discovery ---------------------------------------------------------------------
+
+
+def test_parse_discovery_output() -> None:
+    text = "# from the scheduler\n127.0.0.2:2\n\n  127.0.0.3  \nh4:1 # rack b\n127.0.0.2:1\n"
+    assert parse_discovery_output(text, default_slots=4) == [
+        HostSlots("127.0.0.2", 3), HostSlots("127.0.0.3", 4), HostSlots("h4", 1)]
+    assert parse_discovery_output("[::1]:2\n") == [HostSlots("::1", 2)]
+    assert parse_discovery_output("") == []
+    assert parse_discovery_output("# nobody\n\n") == []
+
+
+@pytest.mark.parametrize("text, message", [
+    ("h1:2\nh2 slots=2\n", "line 2: expected HOST or HOST:SLOTS"),
+    ("h1:0\n", "line 1: slots must be at least 1"),
+    ("h1:x\n", "slots must be an integer"),
+    (":2\n", "empty host name"),
+])
+def test_parse_discovery_output_rejects(text: str, message: str) -> None:
+    with pytest.raises(HostError, match=message):
+        parse_discovery_output(text)
+
+
+def test_run_discovery_script() -> None:
+    script = f"{sys.executable} -c \"print('127.0.0.2:2'); print('127.0.0.3')\""
+    assert run_discovery_script(script, default_slots=3) == [
+        HostSlots("127.0.0.2", 2), HostSlots("127.0.0.3", 3)]
+
+
+@pytest.mark.parametrize("script, message", [
+    ("echo oops >&2; exit 3", "exited with code 3: oops"),
+    ("echo 'a b c'", "expected HOST or HOST:SLOTS"),
+    ("exec sleep 5", "did not finish within 0.3 s"),
+])
+def test_run_discovery_script_failures(script: str, message: str) -> None:
+    with pytest.raises(DiscoveryError, match=message):
+        run_discovery_script(script, timeout=0.3)
+
+
+def test_poller_keeps_the_last_good_list_and_says_a_failure_once() -> None:
+    answers: list[list[HostSlots] | Exception] = [
+        [HostSlots("a", 1)], DiscoveryError("boom"), DiscoveryError("boom"),
+        [HostSlots("b", 2)]]
+    said: list[str] = []
+
+    def find() -> list[HostSlots]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    poller = HostPoller(find, say=said.append)
+    assert poller.latest() is None
+    poller.poll_once()
+    assert poller.latest() == (1, [HostSlots("a", 1)])
+    poller.poll_once()
+    poller.poll_once()
+    assert poller.latest() == (1, [HostSlots("a", 1)])
+    assert said == ["host discovery failed: boom; keeping the previous host list "
+                    "(not repeated until discovery works again)"]
+    poller.poll_once()
+    assert poller.latest() == (2, [HostSlots("b", 2)])
+    assert said[1:] == ["host discovery works again"]
+
+
+# -- worker environment ------------------------------------------------------------------
+
+
+def test_elastic_worker_environment() -> None:
+    env = elastic_worker_environment(
+        {"PATH": "/bin", "HOROVOD_RANK": "5", "HOROVOD_LOCAL_RANK": "1"}, "127.0.0.3",
+        size=2, coordinator="127.0.0.1:5000", job_id="j", token="t",
+        worker_settings={"min_size": 1, "max_size": 4, "reset_limit": 2,
+                         "elastic_timeout": timedelta(seconds=30)})
+    assert env == {
+        "PATH": "/bin",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "HORA_COORDINATOR": "127.0.0.1:5000",
+        "HORA_JOB_ID": "j",
+        "HORA_TOKEN": "t",
+        "HORA_SIZE": "2",
+        "HORA_RANK": "-1",
+        "HORA_HOSTNAME": "127.0.0.3",
+        "HORA_DATA_PLANE_ADDRESS": "127.0.0.3",
+        "HORA_MIN_SIZE": "1",
+        "HORA_MAX_SIZE": "4",
+        "HORA_RESET_LIMIT": "2",
+        "HORA_ELASTIC_TIMEOUT": "30.0",
+        "HOROVOD_HOSTNAME": "127.0.0.3",
+    }
+    settings = Settings.from_env(env)
+    assert (settings.rank, settings.min_size, settings.max_size) == (-1, 1, 4)
+    assert settings.elastic_timeout == timedelta(seconds=30)
+
+
+# -- the planner -------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _planner(num_proc: int = 2, min_np: int = 2, max_np: int | None = None,
+             timeout: float = 10.0, cooldown: tuple[float, float] | None = None,
+             seed: int = 7) -> tuple[ElasticPlanner, FakeClock]:
+    clock = FakeClock()
+    policy = ElasticPolicy(
+        num_proc=num_proc, min_np=min_np, max_np=max_np,
+        elastic_timeout=timedelta(seconds=timeout),
+        cooldown_range=(None if cooldown is None else
+                        (timedelta(seconds=cooldown[0]), timedelta(seconds=cooldown[1]))))
+    return ElasticPlanner(policy, clock=clock, rng=random.Random(seed)), clock
+
+
+def _hosts(spec: str) -> list[HostSlots]:
+    return [HostSlots(name, int(slots)) for name, slots in
+            (item.split(":") for item in spec.split(",") if item)]
+
+
+def _starts(actions: list[Action]) -> list[str]:
+    return [a.label for a in actions if isinstance(a, StartWorker)]
+
+
+def _said(actions: list[Action]) -> list[str]:
+    return [a.message for a in actions if isinstance(a, Say)]
+
+
+def _run(planner: ElasticPlanner, actions: list[Action]) -> dict[str, int]:
+    """Plays the supervisor: every started worker gets a pid; label -> worker id."""
+    ids = {}
+    for action in actions:
+        if isinstance(action, StartWorker):
+            planner.worker_running(action.worker_id, 100 + action.worker_id)
+            ids[action.label] = action.worker_id
+    return ids
+
+
+def test_initial_placement_fills_hosts_in_discovery_order() -> None:
+    planner, _ = _planner(num_proc=3, min_np=2, max_np=4)
+    assert planner.tick() == []  # nothing discovered yet
+    assert planner.hosts_discovered(_hosts("b:2,a:1,c:5")) == []
+    actions = planner.tick()
+    assert actions == [StartWorker(0, "b", 0), StartWorker(1, "b", 1), StartWorker(2, "a", 0)]
+    assert not any(a.announce for a in actions if isinstance(a, StartWorker))
+    _run(planner, actions)
+    # -np is respected: c's spare slots stay free, nothing more starts.
+    assert planner.tick() == []
+    assert planner.active_workers() == 3
+
+
+def test_initial_start_waits_for_min_np_slots() -> None:
+    planner, clock = _planner(num_proc=3, min_np=2)
+    planner.hosts_discovered(_hosts("a:1"))
+    assert planner.tick() == []
+    clock.advance(5)
+    planner.hosts_discovered(_hosts("a:1,b:1"))
+    # Enough for min_np though not for -np: start what fits.
+    assert _starts(planner.tick()) == ["a:0", "b:0"]
+
+
+def test_initial_start_times_out() -> None:
+    planner, clock = _planner(num_proc=2, min_np=2, timeout=10)
+    planner.hosts_discovered(_hosts("a:1"))
+    clock.advance(9.9)
+    assert planner.tick() == []
+    clock.advance(0.1)
+    assert planner.tick() == [
+        Say("elastic job needs at least 2 workers; discovery offered 1 usable slot(s) "
+            "within 10 s"),
+        Finish(1)]
+    assert planner.done and planner.tick() == []
+
+
+def test_failure_blacklists_the_host_and_replaces_the_worker_elsewhere() -> None:
+    planner, _ = _planner(num_proc=2, min_np=2, max_np=2)
+    planner.hosts_discovered(_hosts("a:1,b:1,c:1"))
+    ids = _run(planner, planner.tick())
+    assert list(ids) == ["a:0", "b:0"]
+    actions = planner.worker_exited(ids["b:0"], 3)
+    message = "worker on b (pid 101) exited with code 3; blacklisting b"
+    assert actions == [Say(message), ReportEvent("blacklist", "b", message)]
+    assert planner.blacklisted("b")
+    actions = planner.tick()
+    assert actions == [StartWorker(2, "c", 0, announce=True)]
+    # A death by signal is a failure too.
+    _run(planner, actions)
+    actions = planner.worker_exited(2, -9)
+    assert _said(actions) == ["worker on c (pid 102) was killed by SIGKILL; blacklisting c"]
+    # No usable slot left: nothing starts, and the job is below min_np.
+    assert planner.tick() == []
+
+
+def test_blacklisted_host_never_returns_without_cooldown() -> None:
+    planner, clock = _planner(num_proc=1, min_np=1, timeout=1000)
+    planner.hosts_discovered(_hosts("a:1"))
+    ids = _run(planner, planner.tick())
+    planner.worker_exited(ids["a:0"], 1)
+    clock.advance(999)
+    assert planner.tick() == []
+    assert planner.blacklisted("a")
+
+
+def test_cooldown_is_drawn_in_range_doubles_and_ends() -> None:
+    planner, clock = _planner(num_proc=1, min_np=1, timeout=1000, cooldown=(10, 100), seed=3)
+    expected = random.Random(3)
+    first = expected.uniform(10, 100)
+    second = min(100, expected.uniform(10, 100) * 2)
+    planner.hosts_discovered(_hosts("a:1"))
+    ids = _run(planner, planner.tick())
+    actions = planner.worker_exited(ids["a:0"], 1)
+    assert _said(actions) == [f"worker on a (pid 100) exited with code 1; blacklisting a "
+                              f"for {first:.1f} s"]
+    clock.advance(first - 0.01)
+    assert planner.tick() == []
+    clock.advance(0.01)
+    actions = planner.tick()
+    message = f"host a is back after its {first:.1f} s cooldown"
+    assert actions[:2] == [Say(message), ReportEvent("cooldown_over", "a", message)]
+    # The host takes the replacement at once.
+    assert actions[2:] == [StartWorker(1, "a", 0, announce=True)]
+    _run(planner, actions)
+    # A second failure: a fresh draw, doubled, capped at MAX.
+    actions = planner.worker_exited(1, 1)
+    assert _said(actions)[0].endswith(f"blacklisting a for {second:.1f} s")
+    clock.advance(second)
+    assert _starts(planner.tick()) == ["a:0"]
+
+
+def test_cooldown_never_exceeds_max() -> None:
+    planner, clock = _planner(num_proc=1, min_np=1, timeout=1000, cooldown=(4, 5))
+    planner.hosts_discovered(_hosts("a:1"))
+    for worker_id in range(4):
+        _run(planner, planner.tick())
+        actions = planner.worker_exited(worker_id, 1)
+        cooldown = float(_said(actions)[0].rsplit(" for ", 1)[1].split()[0])
+        assert 4 <= cooldown <= 5
+        clock.advance(5)
+
+
+def test_below_min_np_for_the_elastic_timeout_fails() -> None:
+    planner, clock = _planner(num_proc=2, min_np=2, timeout=10)
+    planner.hosts_discovered(_hosts("a:1,b:1"))
+    ids = _run(planner, planner.tick())
+    planner.worker_exited(ids["b:0"], 1)
+    assert planner.tick() == []  # the clock starts
+    clock.advance(9)
+    assert planner.tick() == []
+    clock.advance(1)
+    assert planner.tick() == [
+        Say("elastic job needs at least 2 workers; only 1 running/available for 10 s"),
+        Finish(1)]
+
+
+def test_recovering_min_np_resets_the_timeout() -> None:
+    planner, clock = _planner(num_proc=2, min_np=2, timeout=10)
+    planner.hosts_discovered(_hosts("a:1,b:1"))
+    ids = _run(planner, planner.tick())
+    planner.worker_exited(ids["b:0"], 1)
+    planner.tick()
+    clock.advance(8)
+    planner.hosts_discovered(_hosts("a:1,b:1,c:1"))
+    assert _starts(planner.tick()) == ["c:0"]
+    clock.advance(100)
+    assert planner.tick() == []
+
+
+def test_host_removal_stops_its_workers_without_blacklisting() -> None:
+    planner, _ = _planner(num_proc=3, min_np=1)
+    planner.hosts_discovered(_hosts("a:2,b:1"))
+    ids = _run(planner, planner.tick())
+    actions = planner.hosts_discovered(_hosts("b:1"))
+    message = "host a is no longer offered by host discovery; stopping 2 workers there"
+    assert actions == [Say(message), ReportEvent("host_removed", "a", message),
+                       StopWorker(ids["a:0"]), StopWorker(ids["a:1"])]
+    assert planner.active_workers() == 1
+    # Their deaths (SIGTERM) are ours, not failures.
+    assert planner.worker_exited(ids["a:0"], -15) == []
+    assert planner.worker_exited(ids["a:1"], 1) == []
+    assert not planner.blacklisted("a")
+    # Nowhere to put replacements until a comes back; then they start there.
+    assert planner.tick() == []
+    planner.hosts_discovered(_hosts("b:1,a:2"))
+    assert _starts(planner.tick()) == ["a:0", "a:1"]
+
+
+def test_fewer_slots_on_a_host_stop_the_workers_beyond_them() -> None:
+    planner, _ = _planner(num_proc=3, min_np=1)
+    planner.hosts_discovered(_hosts("a:3"))
+    ids = _run(planner, planner.tick())
+    actions = planner.hosts_discovered(_hosts("a:1"))
+    assert _said(actions) == ["host a now offers only 1 slot; stopping 2 workers there"]
+    assert [a for a in actions if isinstance(a, StopWorker)] == [
+        StopWorker(ids["a:1"]), StopWorker(ids["a:2"])]
+
+
+def test_new_hosts_get_workers_up_to_max_np() -> None:
+    planner, _ = _planner(num_proc=2, min_np=1, max_np=4)
+    planner.hosts_discovered(_hosts("a:2"))
+    _run(planner, planner.tick())
+    planner.hosts_discovered(_hosts("a:2,b:1"))
+    actions = planner.tick()
+    assert actions == [StartWorker(2, "b", 0, announce=True)]
+    _run(planner, actions)
+    planner.hosts_discovered(_hosts("a:2,b:1,c:3"))
+    assert _starts(planner.tick()) == ["c:0"]  # the fourth worker; max_np reached
+    assert planner.tick() == []
+    assert planner.target == 4
+
+
+def test_stopping_workers_count_against_max_np() -> None:
+    planner, _ = _planner(num_proc=2, min_np=1, max_np=2)
+    planner.hosts_discovered(_hosts("a:1,b:1"))
+    ids = _run(planner, planner.tick())
+    planner.hosts_discovered(_hosts("b:1,c:1"))  # a's worker is being stopped
+    assert planner.tick() == []
+    planner.worker_exited(ids["a:0"], -15)
+    assert _starts(planner.tick()) == ["c:0"]
+
+
+def test_no_new_workers_after_the_first_success() -> None:
+    planner, clock = _planner(num_proc=2, min_np=2, max_np=4, timeout=10)
+    planner.hosts_discovered(_hosts("a:1,b:1"))
+    ids = _run(planner, planner.tick())
+    actions = planner.worker_exited(ids["a:0"], 0)
+    assert _said(actions) == ["worker on a (pid 100) finished training; starting no more "
+                              "workers and waiting up to 10 s for the other 1 worker"]
+    planner.hosts_discovered(_hosts("a:1,b:1,c:2"))
+    clock.advance(5)
+    assert planner.tick() == []  # neither new hosts nor a free slot, nor min_np matter now
+    assert planner.worker_exited(ids["b:0"], 0) == []
+    assert planner.tick() == [Finish(0)]
+
+
+def test_failure_after_success_decides_the_exit_code() -> None:
+    planner, _ = _planner(num_proc=3, min_np=1)
+    planner.hosts_discovered(_hosts("a:3"))
+    ids = _run(planner, planner.tick())
+    planner.worker_exited(ids["a:0"], 0)
+    actions = planner.worker_exited(ids["a:1"], 4)
+    assert _said(actions) == ["worker on a (pid 101) exited with code 4 after training "
+                              "finished"]
+    assert not planner.blacklisted("a")
+    planner.worker_exited(ids["a:2"], 5)
+    assert planner.tick() == [Finish(4)]
+
+
+def test_stragglers_after_success_are_stopped_at_the_deadline() -> None:
+    planner, clock = _planner(num_proc=2, min_np=1, timeout=10)
+    planner.hosts_discovered(_hosts("a:2"))
+    ids = _run(planner, planner.tick())
+    planner.worker_exited(ids["a:0"], 0)
+    clock.advance(10)
+    assert planner.tick() == [
+        Say("1 worker still running 10 s after training finished; stopping them"), Finish(1)]
+
+
+def test_a_command_that_cannot_start_fails_the_job() -> None:
+    planner, _ = _planner(num_proc=2, min_np=1)
+    planner.hosts_discovered(_hosts("a:2"))
+    first, _second = planner.tick()
+    assert isinstance(first, StartWorker)
+    assert planner.worker_start_failed(first.worker_id, 127, "No such file") == [
+        Say("cannot start a worker on a: No such file"), Finish(127)]
+    assert planner.done
+
+
+def test_shutdown_stops_all_decisions() -> None:
+    planner, _ = _planner(num_proc=1, min_np=1)
+    planner.hosts_discovered(_hosts("a:1"))
+    ids = _run(planner, planner.tick())
+    planner.shutdown()
+    assert planner.worker_exited(ids["a:0"], 1) == []
+    assert planner.hosts_discovered([]) == []
+    assert planner.tick() == []
+
+
+# -- the executor, in process ----------------------------------------------------------
+
+
+@pytest.mark.timeout(20)
+def test_supervisor_kills_a_removed_hosts_worker_that_ignores_sigterm(tmp_path: Path) -> None:
+    # In-process with a short grace period and discovery interval, so the
+    # SIGKILL escalation is tested without waiting the real 5 s.
+    hosts = [HostSlots("127.0.0.2", 1), HostSlots("127.0.0.3", 1)]
+    ready = tmp_path / "ready"
+    script = (
+        "import os, pathlib, signal, sys, time\n"
+        "host = os.environ['HOST']\n"
+        f"ready = pathlib.Path({str(ready)!r})\n"
+        "if host == '127.0.0.3':\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "    print('stubborn', flush=True); ready.touch(); time.sleep(30)\n"
+        # The other one finishes once the stubborn one is gone.
+        "while not ready.exists(): time.sleep(0.01)\n"
+        "time.sleep(1.5)\n")
+    planner = ElasticPlanner(ElasticPolicy(num_proc=2, min_np=1))
+
+    def find() -> list[HostSlots]:
+        if ready.exists():
+            return hosts[:1]
+        return list(hosts)
+
+    out, err = io.StringIO(), io.StringIO()
+    output = WorkerOutput(stdout=out, stderr=err)
+    supervisor = ElasticSupervisor(
+        planner, HostPoller(find, interval=0.05, say=output.say),
+        lambda host: {"HOST": host}, [sys.executable, "-c", script],
+        output=output, grace_period=0.5)
+    assert supervisor.run() == 0
+    assert "[127.0.0.3:0]<stdout>:stubborn\n" in out.getvalue()
+    messages = err.getvalue()
+    assert ("horarun: host 127.0.0.3 is no longer offered by host discovery; stopping "
+            "1 worker there\n") in messages
+    assert "horarun: 1 worker still running after 0.5 s; killing 127.0.0.3:0 (pid" \
+        in messages
+    assert "blacklisting" not in messages
+
+
+def test_a_failure_after_success_outside_the_final_world_does_not_count() -> None:
+    planner, _ = _planner(num_proc=3, min_np=1)
+    planner.hosts_discovered(_hosts("a:3"))
+    ids = _run(planner, planner.tick())
+    assert not planner.training_finished
+    planner.worker_exited(ids["a:0"], 0)
+    assert planner.training_finished
+    actions = planner.worker_exited(ids["a:1"], 3, in_final_world=False)
+    assert _said(actions) == [
+        "worker on a (pid 101) exited with code 3 after training finished; it started after "
+        "the last generation formed, so it had no part in the training and does not decide "
+        "the exit code"]
+    # Unknown (no event log) counts, as does a member of the final world.
+    planner.worker_exited(ids["a:2"], 4, in_final_world=None)
+    assert planner.tick() == [Finish(4)]
