@@ -45,3 +45,12 @@ proto: $(TEST_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# Benchmarks against direct Gloo (and Horovod when HORA_BENCH_HOROVOD names its
+# virtualenv); HORA_BENCH_QUICK=1 for a smoke run. See bench/README.md.
+# Installs hora when the venv lacks it, but never reinstalls just because
+# pyproject.toml changed: a benchmark should not touch the environment it times.
+.PHONY: bench
+bench:
+	@test -f $(STAMP) || $(MAKE) install
+	$(PY) bench/run_all.py
