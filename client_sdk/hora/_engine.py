@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from hora_native import BackendError, ReduceKind, backend_for_device, create_backend
+from hora_native.control import MAX_MESH_SIZE, ControlMesh
 
 from ._cache import ResponseCache, Signature
 from ._client import CoordinatorClient, NegotiationStream
@@ -251,6 +252,14 @@ class Engine:
         self._coordinator_store = CoordinatorStore(client, settings.start_timeout)
         self._store = dist.PrefixStore(world.store_prefix, self._coordinator_store)
         self._backend("cpu", self._sets[0])  # every rank builds the CPU data plane at init
+        # Rounds agree over direct connections in small worlds (one TCP round
+        # trip), through a Gloo allreduce in large ones.
+        self._mesh: ControlMesh | None = None
+        if 1 < world.size <= MAX_MESH_SIZE:
+            self._mesh = ControlMesh(
+                dist.PrefixStore("ctl/", self._store), world.rank, world.size,
+                settings.collective_timeout,
+                world.members[world.rank].data_plane_address or settings.data_plane_address)
         self._note_heartbeat(client.heartbeat(world.generation))
         self._stream: NegotiationStream = client.open_stream(world.generation)
         self._threads = [
@@ -573,7 +582,7 @@ class Engine:
                 time.sleep(cycle)  # let more tensors become ready, for fusion
             with self._lock:
                 width = len(self._cache)
-                control = torch.ones(width + 4, dtype=torch.int64)
+                control = [1] * (width + 4)
                 for slot in self._cached_pending:
                     control[slot] = 2
                 for slot in self._invalid_slots:
@@ -587,7 +596,7 @@ class Engine:
                 if self._join is not None:
                     self._join_announced = True
             try:
-                self._backend("cpu", group).allreduce(control, ReduceKind.MIN)
+                control = self._control_min(control, group)
             except BackendError as exc:
                 self._fail(HorovodInternalError(
                     f"data plane failed on rank {self.rank} agreeing on ready tensors: {exc}"))
@@ -599,8 +608,17 @@ class Engine:
             if self._tuner is not None:
                 self._autotune_step()
 
-    def _apply_round(self, control: torch.Tensor, width: int) -> None:
-        values = control[:width].tolist()
+    def _control_min(self, values: list[int], group: _SetGroup) -> list[int]:
+        if self._mesh is not None:
+            return self._mesh.min(values)
+        if group.size == 1:
+            return values
+        tensor = torch.tensor(values, dtype=torch.int64)
+        self._backend("cpu", group).allreduce(tensor, ReduceKind.MIN)
+        return tensor.tolist()
+
+    def _apply_round(self, control: list[int], width: int) -> None:
+        values = control[:width]
         agreed = int(control[width])
         usable = bool(control[width + 1])
         threshold = int(control[width + 2]) * 1024
@@ -911,4 +929,6 @@ class Engine:
             for backend in group.backends.values():
                 backend.close()
             group.backends.clear()
+        if self._mesh is not None:
+            self._mesh.close()
         self.stop_timeline()
