@@ -26,13 +26,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from hora_native import BackendError, ReduceKind, backend_for_device, create_backend
-from hora_native.control import MAX_MESH_SIZE, ControlMesh
 
 from ._cache import ResponseCache, Signature
 from ._client import CoordinatorClient, NegotiationStream
@@ -49,6 +48,9 @@ from .errors import (
 from .settings import Settings
 from .timeline import NULL_TIMELINE, NullTimeline, Timeline
 from .v1 import negotiation_pb2, rendezvous_pb2
+
+if TYPE_CHECKING:
+    from hora_native.control import ControlMesh
 
 __all__ = ["Engine", "Entry", "Handle"]
 
@@ -254,6 +256,8 @@ class Engine:
         self._backend("cpu", self._sets[0])  # every rank builds the CPU data plane at init
         # Rounds agree over direct connections in small worlds (one TCP round
         # trip), through a Gloo allreduce in large ones.
+        from hora_native.control import MAX_MESH_SIZE, ControlMesh
+
         self._mesh: ControlMesh | None = None
         if 1 < world.size <= MAX_MESH_SIZE:
             self._mesh = ControlMesh(
