@@ -425,10 +425,10 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def section(title: str, body: str, notes: Sequence[str] = (),
-            failures: Sequence[LaunchResult] = ()) -> str:
+            failures: Sequence[LaunchResult] = (), compares_horovod: bool = True) -> str:
     """A markdown section: title, table, then notes (Horovod missing, failures)."""
     parts = [f"## {title}", "", body, ""]
-    if SETTINGS.horovod_venv is None:
+    if SETTINGS.horovod_venv is None and compares_horovod:
         parts.append(f"_{HOROVOD_MISSING}_  ")
     for failed in failures:
         parts.append(f"_{NAMES.get(failed.system, failed.system)} at {failed.size} ranks "

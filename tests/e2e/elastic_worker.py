@@ -63,7 +63,7 @@ def train(state):
             state.applied[state.epoch].extend(applied.tolist())
             state.train_sampler.record_batch(batch_idx, args.batch_size)
             state.steps += 1
-            step_times.append(time.time())
+            step_times.append([time.time(), hvd.size()])
             if hvd.rank() == 0 and state.steps % args.progress_every == 0:
                 with open(os.path.join(args.out_dir, "progress"), "w") as f:
                     f.write(f"{state.steps} {hvd.size()}\n")
