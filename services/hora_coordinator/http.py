@@ -204,18 +204,7 @@ async def list_events(job_id: str, coordinator: CoordinatorDep) -> list[EventVie
     job = coordinator.jobs.get(job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"unknown job '{job_id}'")
-    return [
-        EventView(
-            unix_ms=e.unix_ms,
-            kind=e.kind,
-            generation=e.generation,
-            rank=e.rank,
-            host=e.host,
-            pid=e.pid,
-            message=e.message,
-        )
-        for e in job.events
-    ]
+    return [EventView.model_validate(e, from_attributes=True) for e in job.events]
 
 
 def create_app(coordinator: Coordinator) -> FastAPI:

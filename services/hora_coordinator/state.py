@@ -905,18 +905,7 @@ def report_event(job: Job, kind: str, host: str, message: str, now: float) -> No
 
 def events_pb(job: Job) -> list[rpb.JobEvent]:
     """The job's event log, oldest first, as protobuf messages."""
-    return [
-        rpb.JobEvent(
-            unix_ms=e.unix_ms,
-            kind=e.kind,
-            generation=e.generation,
-            rank=e.rank,
-            host=e.host,
-            pid=e.pid,
-            message=e.message,
-        )
-        for e in job.events
-    ]
+    return [rpb.JobEvent(**dataclasses.asdict(e)) for e in job.events]
 
 
 def get_world(job: Job, worker_id: str) -> rpb.WorldView:
