@@ -589,6 +589,9 @@ def steady_state_messages(http_url: str, job_id: str, steps: int):
         step_with_metric()
     hvd.barrier()
     after = _negotiation_messages(http_url, job_id)
+    # A cached allreduce (no coordinator message) holds the other ranks until
+    # rank 0 has read the counter: their next barrier must not race the read.
+    hvd.allreduce(torch.tensor(1.0), name="metric.loss")
     hvd.barrier()
     idle = _negotiation_messages(http_url, job_id)
     # (after - before) is the steps plus one barrier; (idle - after) is one barrier.
