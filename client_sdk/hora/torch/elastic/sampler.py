@@ -40,6 +40,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.epoch = 0
         self.processed_indices: set[int] = set()
         self.indices: list[int] = []
+        self._shares: list[list[int]] = []
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
@@ -51,19 +52,16 @@ class ElasticSampler(torch.utils.data.Sampler):
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
         """Marks the samples of batch ``batch_idx`` of every rank as processed."""
         start = batch_idx * batch_size
-        for other in range(self.num_replicas):
-            share = self._indices_of(other)
-            self.record_indices(share[start:min(start + batch_size, len(share))])
+        for share in self._shares:
+            self.record_indices(share[start:start + batch_size])
 
     def record_indices(self, indices: Any) -> None:
         self.processed_indices.update(int(i) for i in indices)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
         """The dataset indices of local batch ``batch_idx`` in the current iteration."""
-        if not self.indices:
-            self.indices = self._local_indices()
         start = batch_idx * batch_size
-        return self.indices[start:min(start + batch_size, len(self.indices))]
+        return self.indices[start:start + batch_size]
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
@@ -74,7 +72,10 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def reset(self) -> None:
-        """Recomputes this rank's share for the current world and what remains."""
+        """Recomputes every rank's share of what remains, for the current world.
+
+        Done once per reset, not per batch: record_batch only slices the shares.
+        """
         self.num_replicas = size()
         self.rank = rank()
         order = list(range(len(self.dataset)))
@@ -84,21 +85,15 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.remaining_indices = [i for i in order if i not in self.processed_indices]
         self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
         self.total_size = self.num_samples * self.num_replicas
-        self.indices = []
-
-    def _indices_of(self, replica: int) -> list[int]:
-        indices = list(self.remaining_indices)
+        padded = list(self.remaining_indices)
         # Pad so every rank gets the same number of samples (same number of steps).
-        if indices:
-            while len(indices) < self.total_size:
-                indices += indices[:self.total_size - len(indices)]
-        return indices[replica:self.total_size:self.num_replicas]
-
-    def _local_indices(self) -> list[int]:
-        return self._indices_of(self.rank)
+        while padded and len(padded) < self.total_size:
+            padded += padded[:self.total_size - len(padded)]
+        self._shares = [padded[r:self.total_size:self.num_replicas]
+                        for r in range(self.num_replicas)]
+        self.indices = self._shares[self.rank]
 
     def __iter__(self) -> Iterator[int]:
-        self.indices = self._local_indices()
         return iter(self.indices)
 
     def __len__(self) -> int:
