@@ -118,11 +118,6 @@ def current() -> Runtime:
     return runtime
 
 
-def reset_limit() -> int | None:
-    """How many elastic resets a worker may go through (HORA_RESET_LIMIT), or None."""
-    return Settings.from_env().reset_limit
-
-
 def is_initialized() -> bool:
     return _runtime is not None
 

@@ -58,9 +58,6 @@ class State:
         for callback in self._reset_callbacks:
             callback()
 
-    def on_hosts_updated(self, epoch: int, removals_only: bool) -> None:
-        """Kept for Horovod compatibility; host updates come from the coordinator."""
-
     def commit(self) -> None:
         """Saves the state in memory, then checks whether hosts changed.
 
@@ -128,13 +125,14 @@ class ObjectState(State):
 
 
 def run_fn(func: Callable[..., Any], reset: Callable[[], None],
-           reset_limit: int | None = None) -> Callable[..., Any]:
+           reset_limit: Callable[[], int | None] = lambda: None) -> Callable[..., Any]:
     """Wraps ``func(state, ...)`` in the elastic retry loop.
 
     Args:
         func: the training function; its first argument is the State.
         reset: leaves the old world and joins the next one.
-        reset_limit: how many resets are allowed before giving up (None: no limit).
+        reset_limit: returns how many resets are allowed before giving up (None: no
+            limit); asked when a reset is due, from the joined world's settings.
     """
 
     @functools.wraps(func)
@@ -155,9 +153,10 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None],
                 log.info("hosts changed; re-joining without a restore")
                 skip_sync = exc.skip_sync
             resets += 1
-            if reset_limit is not None and resets > reset_limit:
+            limit = reset_limit()
+            if limit is not None and resets > limit:
                 raise HorovodInternalError(
-                    f"gave up after {reset_limit} reset(s) (reset limit reached)")
+                    f"gave up after {limit} reset(s) (HORA_RESET_LIMIT / --reset-limit)")
             reset()
             state.on_reset()
 
