@@ -545,10 +545,14 @@ class Engine:
             for response in batch:
                 self._run_safely(response, lambda r=response: self._execute(r))
 
-    def _round_work(self) -> bool:
-        return bool(self._unclassified or self._cached_pending or self._invalid_slots
+    def _needs_round(self) -> bool:
+        """Whether this rank has something the other ranks must agree on."""
+        return bool(self._cached_pending or self._invalid_slots
                     or self._received > self._executed
                     or (self._join is not None and not self._join_announced))
+
+    def _round_work(self) -> bool:
+        return bool(self._unclassified) or self._needs_round()
 
     def _round_loop(self) -> None:
         """The global set's executor: rounds of peer-to-peer agreement.
@@ -578,9 +582,7 @@ class Engine:
             for entry in misses:
                 self._stream.send(entry.request())
             with self._lock:
-                if not (self._cached_pending or self._invalid_slots
-                        or self._received > self._executed
-                        or (self._join is not None and not self._join_announced)):
+                if not self._needs_round():
                     continue  # only misses: the coordinator answers, then we meet
             if cycle > 0:
                 time.sleep(cycle)  # let more tensors become ready, for fusion

@@ -327,7 +327,7 @@ def _name(name: str | None, op: str) -> str:
     return name if name else _runtime.current().auto_name(op)
 
 
-def _cpu_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+def _check_tensor(tensor: torch.Tensor) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.is_sparse:
@@ -360,7 +360,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """Starts an in-place allreduce of ``tensor``; returns a handle."""
-    tensor = _cpu_contiguous(tensor)
+    tensor = _check_tensor(tensor)
     op = _op(op, average)
     if op == ReduceOp.ADASUM:
         return _adasum_async_(tensor, _name(name, "allreduce"), prescale_factor,
@@ -375,7 +375,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
     """Starts an allreduce into a new tensor; returns a handle."""
-    output = _cpu_contiguous(tensor).detach().clone(memory_format=torch.contiguous_format)
+    output = _check_tensor(tensor).detach().clone(memory_format=torch.contiguous_format)
     return allreduce_async_(output, average, name, op, prescale_factor, postscale_factor,
                             process_set)
 
@@ -486,7 +486,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     group = _Group(list(tensors))
     handles = []
     for i, tensor in enumerate(tensors):
-        tensor = _cpu_contiguous(tensor)
+        tensor = _check_tensor(tensor)
         buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
         entry = _allreduce_entry(tensor, buffer, f"{base}.{i}", op, prescale_factor,
                                  postscale_factor, process_set, group_id, len(tensors))
@@ -517,7 +517,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
     """Starts a grouped allreduce into new tensors; returns one handle."""
-    outputs = [_cpu_contiguous(t).detach().clone(memory_format=torch.contiguous_format)
+    outputs = [_check_tensor(t).detach().clone(memory_format=torch.contiguous_format)
                for t in tensors]
     return grouped_allreduce_async_(outputs, average, name, op, prescale_factor,
                                     postscale_factor, process_set)
@@ -553,7 +553,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Starts concatenating every rank's ``tensor`` along dim 0 (sizes may differ)."""
-    tensor = _cpu_contiguous(tensor).detach()
+    tensor = _check_tensor(tensor).detach()
     if tensor.dim() == 0:
         tensor = tensor.reshape(1)
     name = _name(name, "allgather")
@@ -597,7 +597,7 @@ def _check_root(root_rank: int, process_set: ProcessSet) -> int:
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
     """Starts overwriting ``tensor`` with the root rank's value, in place."""
-    tensor = _cpu_contiguous(tensor)
+    tensor = _check_tensor(tensor)
     buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
     name = _name(name, "broadcast")
     return _submit(Entry(name=name, op_type=OpType.BROADCAST, buffer=buffer,
@@ -609,7 +609,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Starts a broadcast of the root rank's ``tensor`` into a new tensor."""
-    output = _cpu_contiguous(tensor).detach().clone(memory_format=torch.contiguous_format)
+    output = _check_tensor(tensor).detach().clone(memory_format=torch.contiguous_format)
     return broadcast_async_(output, root_rank, name, process_set)
 
 
@@ -647,7 +647,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     ``splits[r]`` rows go to rank r; without splits the first dimension is
     divided evenly (it must be divisible by the world size).
     """
-    tensor = _cpu_contiguous(tensor).detach().contiguous()
+    tensor = _check_tensor(tensor).detach().contiguous()
     if tensor.dim() == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
     world = process_set.size()
@@ -702,7 +702,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
                         process_set: ProcessSet = global_process_set,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Starts reducing ``tensor`` and scattering its rows: rank r keeps its share."""
-    tensor = _cpu_contiguous(tensor).detach().clone(memory_format=torch.contiguous_format)
+    tensor = _check_tensor(tensor).detach().clone(memory_format=torch.contiguous_format)
     if tensor.dim() == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
     op = _op(op, None)
