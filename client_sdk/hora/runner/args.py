@@ -14,7 +14,7 @@ import argparse
 import os
 import secrets
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -120,34 +120,22 @@ def _address(text: str) -> str:
     return text
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _int_in(low: int, high: int | None, what: str, bounds: str) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high] (no upper bound when ``high`` is None)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{bounds}, got {value}")
+        return value
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
-    return value
+_positive_int = _int_in(1, None, "an integer", "must be at least 1")
+_non_negative_int = _int_in(0, None, "an integer", "must be >= 0")
+_port = _int_in(0, 65535, "a port number", "port must be in 0..65535")
 
 
 def _non_negative_float(text: str) -> float:
@@ -251,7 +239,7 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
                         help="let workers tune fusion threshold and cycle time")
     tuning.add_argument("--autotune-log-file", metavar="FILE",
                         help="CSV log of the settings autotune tried")
-    tuning.add_argument("--cache-capacity", type=int, metavar="N",
+    tuning.add_argument("--cache-capacity", type=_non_negative_int, metavar="N",
                         help="negotiated allreduces remembered to skip the coordinator "
                              "(0 disables the response cache)")
     tuning.add_argument("--log-level", type=_log_level, metavar="LEVEL",
