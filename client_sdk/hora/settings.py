@@ -114,7 +114,9 @@ class Settings:
     collective_timeout: timedelta = timedelta(seconds=300)
     heartbeat_interval: timedelta = timedelta(seconds=1)
     stall_warning_time: timedelta = timedelta(seconds=60)
-    stall_shutdown_time: timedelta = timedelta(seconds=0)
+    # Every wait has a deadline: a tensor some live rank never submits fails
+    # the job after this long (Horovod's default is never; 0 restores that).
+    stall_shutdown_time: timedelta = timedelta(minutes=30)
     fusion_threshold: int = 128 * MiB
     # Rounds start as soon as a tensor is ready: measured faster here than
     # waiting to batch more (see bench/README.md).
