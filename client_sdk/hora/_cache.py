@@ -14,8 +14,12 @@ all ranks without ever being exchanged.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import torch
 
 __all__ = ["ResponseCache", "Signature"]
 
@@ -30,6 +34,11 @@ class Signature:
     reduce_op: int
     prescale_factor: float
     postscale_factor: float
+
+    @functools.cached_property
+    def nbytes(self) -> int:
+        """Bytes of one tensor with this signature."""
+        return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
 
     @property
     def fusion_key(self) -> tuple[object, ...]:

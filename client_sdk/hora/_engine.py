@@ -64,6 +64,9 @@ _NATIVE_REDUCE = {
     ReduceOp.PRODUCT: ReduceKind.PRODUCT,
 }
 
+# Control-vector entries only rank 0 sets; the others send this, the MIN's identity.
+_UNSET = torch.iinfo(torch.int64).max
+
 _RESPONSE_OP = {
     negotiation_pb2.RESPONSE_TYPE_ALLREDUCE: OpType.ALLREDUCE,
     negotiation_pb2.RESPONSE_TYPE_ALLGATHER: OpType.ALLGATHER,
@@ -77,13 +80,17 @@ _RESPONSE_OP = {
 class Handle:
     """The future of one enqueued collective."""
 
-    __slots__ = ("name", "_done", "_result", "_error")
+    __slots__ = ("name", "_done", "_result", "_error", "driver")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        # Set by the engine for tensors its rounds run: a waiting caller runs
+        # the rounds itself (until the deadline, a monotonic time) instead of
+        # handing them to a thread and back.
+        self.driver: Callable[[Handle, float | None], None] | None = None
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -103,6 +110,11 @@ class Handle:
         Raises:
             TimeoutError: ``timeout`` seconds passed first.
         """
+        if self.driver is not None and not self._done.is_set():
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self.driver(self, deadline)
+            if deadline is not None:
+                timeout = max(0.0, deadline - time.monotonic())
         if not self._done.wait(timeout):
             raise TimeoutError(f"tensor {self.name!r} did not complete within {timeout} s")
         if self._error is not None:
@@ -153,6 +165,20 @@ class Entry:
             prescale_factor=self.prescale_factor, postscale_factor=self.postscale_factor,
             process_set_id=self.process_set_id, splits=list(self.splits or ()),
             group_id=self.group_id, group_size=self.group_size)
+
+
+# Element types the control mesh reduces itself (see Engine._run_mesh).
+_MESH_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                          torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+
+# In-place reductions the engine applies to contributions it received itself.
+_REDUCE_INTO: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+    ReduceOp.SUM: torch.Tensor.add_,
+    ReduceOp.AVERAGE: torch.Tensor.add_,
+    ReduceOp.MIN: lambda acc, other: torch.minimum(acc, other, out=acc),
+    ReduceOp.MAX: lambda acc, other: torch.maximum(acc, other, out=acc),
+    ReduceOp.PRODUCT: torch.Tensor.mul_,
+}
 
 
 def _scale(tensor: torch.Tensor, factor: float) -> None:
@@ -229,6 +255,12 @@ class Engine:
         self._invalid_slots: set[int] = set()
         self._join_announced = False
         self.rounds = 0
+        self.mesh_batches = 0  # batches reduced from payloads the rounds carried
+        # One thread at a time runs a round: the background thread or a
+        # caller waiting on a handle (see _drive).
+        self._round_busy = False
+        self._waiting_drivers = 0
+        self._cycle_s = settings.cycle_time.total_seconds()
         # Rank 0 decides fusion threshold and cycle time for the cached path
         # (the others adopt its values through the round's control vector).
         self._threshold_kib = settings.fusion_threshold // 1024
@@ -245,6 +277,8 @@ class Engine:
         if settings.timeline:
             self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self._mesh_bytes = settings.mesh_allreduce_bytes
+        self._send_buffer: torch.Tensor | None = None
         self._sets: dict[int, _SetGroup] = {
             0: _SetGroup(0, tuple(range(world.size)), world.rank)}
         self._join: Entry | None = None
@@ -292,6 +326,8 @@ class Engine:
                     f"a tensor named {entry.name!r} is already in flight on rank {self.rank}; "
                     f"names must be unique among pending operations")
             self._pending[entry.name] = entry
+            if entry.process_set_id == 0:
+                entry.handle.driver = self._drive
             timeline.negotiate_start(entry.name, entry.op_type)
             if entry.op_type == OpType.JOIN:
                 self._join = entry
@@ -435,11 +471,13 @@ class Engine:
         """
         by_set: dict[int, list[negotiation_pb2.Response]] = {}
         timeline = self.timeline
+        errors = False
         for response in responses:
             for name in response.tensor_names:
                 timeline.negotiate_end(name)
             if response.type == negotiation_pb2.RESPONSE_TYPE_ERROR:
                 self._execute(response)
+                errors = True
             else:
                 op = _RESPONSE_OP.get(response.type)
                 for name in response.tensor_names:
@@ -452,7 +490,7 @@ class Engine:
                 with self._lock:
                     self._lists.append(batch)
                     self._received += 1
-                    self._work.notify()
+                    self._work.notify_all()
                 continue
             group = self._sets.get(set_id)
             if group is None or group.queue is None:
@@ -460,6 +498,9 @@ class Engine:
                           self.rank, set_id)
                 continue
             group.queue.put(batch)
+        if errors:
+            with self._lock:
+                self._work.notify_all()  # callers waiting on a failed handle
 
     def _on_event(self, event: negotiation_pb2.Event) -> None:
         if event.type == negotiation_pb2.EVENT_TYPE_MEMBER_LOST:
@@ -555,7 +596,67 @@ class Engine:
         return bool(self._unclassified) or self._needs_round()
 
     def _round_loop(self) -> None:
-        """The global set's executor: rounds of peer-to-peer agreement.
+        """The global set's background executor: runs rounds nobody waits for.
+
+        A caller waiting on a handle runs the rounds itself (:meth:`_drive`),
+        so this thread matters for asynchronous work, such as gradients
+        allreduced while the backward pass goes on.
+        """
+        while True:
+            with self._lock:
+                while self._round_busy or not self._round_work():
+                    if self._stopping.is_set() or self._failure is not None:
+                        return
+                    self._work.wait(0.5)
+                if self._stopping.is_set() or self._failure is not None:
+                    return
+                self._round_busy = True
+            try:
+                self._round(background=True)
+            finally:
+                self._end_round()
+
+    def _drive(self, handle: Handle, deadline: float | None) -> None:
+        """Runs rounds in the caller's thread until ``handle`` is done.
+
+        One thread at a time runs rounds (this caller, another caller or the
+        background thread); the others wait for it. Returns early when the
+        generation fails or stops, or at ``deadline`` (a monotonic time).
+        """
+        while not handle.done():
+            with self._lock:
+                while self._round_busy or not self._round_work():
+                    if (handle.done() or self._failure is not None
+                            or self._stopping.is_set()):
+                        return
+                    wait = 0.5
+                    if deadline is not None:
+                        wait = min(wait, deadline - time.monotonic())
+                        if wait <= 0:
+                            return
+                    self._waiting_drivers += 1
+                    try:
+                        self._work.wait(wait)
+                    finally:
+                        self._waiting_drivers -= 1
+                if handle.done() or self._failure is not None or self._stopping.is_set():
+                    return
+                self._round_busy = True
+            try:
+                self._round(background=False)
+            finally:
+                self._end_round()
+
+    def _end_round(self) -> None:
+        with self._lock:
+            self._round_busy = False
+            # Wake whoever may go on: waiting callers (their handle may be
+            # done, or work may be left) and the background thread.
+            if self._waiting_drivers or self._round_work():
+                self._work.notify_all()
+
+    def _round(self, background: bool) -> None:
+        """One round of peer-to-peer agreement, run by the thread that set ``_round_busy``.
 
         Every rank with work enters a round with a control vector: per cache
         slot 2 (ready here), 1 (not ready) or 0 (invalid here), then how many
@@ -565,69 +666,140 @@ class Engine:
         run the coordinator lists every rank has. Ranks apply the same
         results in the same order, so their caches never diverge.
         """
-        group = self._sets[0]
-        cycle = self.settings.cycle_time.total_seconds()
-        # Values only rank 0 sets; every other rank sends the largest value,
-        # so the MIN-allreduce hands everyone rank 0's.
-        unset = torch.iinfo(torch.int64).max
-        while True:
-            with self._lock:
-                while not self._round_work():
-                    if self._stopping.is_set() or self._failure is not None:
-                        return
-                    self._work.wait(0.5)
-                if self._stopping.is_set() or self._failure is not None:
-                    return
-                misses = self._classify()
-            for entry in misses:
-                self._stream.send(entry.request())
-            with self._lock:
-                if not self._needs_round():
-                    continue  # only misses: the coordinator answers, then we meet
-            if cycle > 0:
-                time.sleep(cycle)  # let more tensors become ready, for fusion
-            with self._lock:
-                width = len(self._cache)
-                control = [1] * (width + 4)
-                for slot in self._cached_pending:
-                    control[slot] = 2
-                for slot in self._invalid_slots:
-                    control[slot] = 0
-                self._invalid_slots.clear()
-                control[width] = self._received
-                usable = self._cache_on and self._join is None
-                control[width + 1] = 1 if usable else 0
-                control[width + 2] = self._threshold_kib if self.rank == 0 else unset
-                control[width + 3] = self._cycle_us if self.rank == 0 else unset
-                if self._join is not None:
-                    self._join_announced = True
-            try:
-                control = self._control_min(control, group)
-            except BackendError as exc:
-                self._fail(HorovodInternalError(
-                    f"data plane failed on rank {self.rank} agreeing on ready tensors: {exc}"))
-                return
-            self.rounds += 1
-            self.timeline.cycle_start()
-            cycle = int(control[width + 3]) / 1e6
-            self._run_safely(None, lambda c=control, w=width: self._apply_round(c, w))
-            if self._tuner is not None:
-                self._autotune_step()
+        with self._lock:
+            misses = self._classify()
+        for entry in misses:
+            self._stream.send(entry.request())
+        with self._lock:
+            if not self._needs_round():
+                return  # only misses: the coordinator answers, then we meet
+        if background and self._cycle_s > 0:
+            time.sleep(self._cycle_s)  # let more tensors become ready, for fusion
+        with self._lock:
+            width = len(self._cache)
+            control = [1] * (width + 5)
+            ready = sorted(self._cached_pending.items())
+            for slot, _entry in ready:
+                control[slot] = 2
+            for slot in self._invalid_slots:
+                control[slot] = 0
+            self._invalid_slots.clear()
+            control[width] = self._received
+            usable = self._cache_on and self._join is None
+            control[width + 1] = 1 if usable else 0
+            # Values only rank 0 sets; every other rank sends the largest
+            # value, so the MIN hands everyone rank 0's.
+            control[width + 2] = self._threshold_kib if self.rank == 0 else _UNSET
+            control[width + 3] = self._cycle_us if self.rank == 0 else _UNSET
+            if self._join is not None:
+                self._join_announced = True
+        payload = self._pack_ready(ready)
+        control[width + 4] = 0 if payload is None else 1
+        try:
+            control, messages = self._control_exchange(control, payload)
+        except BackendError as exc:
+            self._fail(HorovodInternalError(
+                f"data plane failed on rank {self.rank} agreeing on ready tensors: {exc}"))
+            return
+        self.rounds += 1
+        self.timeline.cycle_start()
+        self._cycle_s = int(control[width + 3]) / 1e6
+        self._run_safely(None, lambda: self._apply_round(control, width, messages))
+        if self._tuner is not None:
+            self._autotune_step()
 
-    def _control_min(self, values: list[int], group: _SetGroup) -> list[int]:
+    def _pack_ready(self, ready: list[tuple[int, Entry]]) -> torch.Tensor | None:
+        """The bytes of this rank's ready cached tensors, to send with the round's vector.
+
+        None when the round's data must go through Gloo: no mesh, nothing
+        ready, a tensor the mesh does not reduce, or more bytes than
+        ``mesh_allreduce_bytes`` (counted once per peer, as each peer gets
+        a copy). The layout is :meth:`_layout`'s.
+        """
+        if self._mesh is None or not ready or self._mesh_bytes <= 0:
+            return None
+        # Runs of one dtype, each starting 8-byte aligned.
+        runs: list[tuple[int, torch.dtype, list[torch.Tensor]]] = []
+        total = 0
+        dtype = None
+        for _slot, entry in ready:
+            buffer = entry.buffer
+            if buffer.dtype is not dtype:
+                dtype = buffer.dtype
+                if buffer.device.type != "cpu" or dtype not in _MESH_DTYPES:
+                    return None
+                total = (total + 7) & ~7
+                runs.append((total, dtype, []))
+            runs[-1][2].append(buffer.view(-1))
+            total += buffer.numel() * buffer.element_size()
+        if total * (self.size - 1) > self._mesh_bytes:
+            return None
+        send = self._send_buffer
+        if send is None or send.numel() < total:
+            grown = max(total, 2 * send.numel() if send is not None else 0)
+            send = self._send_buffer = torch.empty(grown, dtype=torch.uint8)
+        for offset, dtype, tensors in runs:
+            nbytes = sum(t.numel() for t in tensors) * tensors[0].element_size()
+            out = send[offset:offset + nbytes].view(dtype)
+            if len(tensors) == 1:
+                out.copy_(tensors[0])
+            else:
+                torch.cat(tensors, out=out)
+        return send[:total]
+
+    def _layout(self, values: list[int], width: int) -> dict[int, int]:
+        """Where each slot a rank marked ready sits in that rank's payload (byte offsets).
+
+        Ready slots in slot order, back to back; a change of dtype starts at
+        the next 8-byte boundary, so that every tensor can be viewed in place.
+        """
+        offsets, total, dtype = {}, 0, None
+        signature = self._cache.signature
+        for slot in range(width):
+            if values[slot] == 2:
+                sig = signature(slot)
+                if sig.dtype != dtype:
+                    dtype = sig.dtype
+                    total = (total + 7) & ~7
+                offsets[slot] = total
+                total += sig.nbytes
+        return offsets
+
+    def _control_exchange(self, values: list[int], payload: torch.Tensor | None
+                          ) -> tuple[list[int], list[tuple[list[int], torch.Tensor | None]] | None]:
+        """The element-wise MIN of every rank's control vector, and every rank's message
+        when the mesh carried payloads."""
         if self._mesh is not None:
-            return self._mesh.min(values)
+            messages = self._mesh.exchange(values, payload)
+            agreed = values
+            for peer, (theirs, _payload) in enumerate(messages):
+                if peer != self.rank:
+                    agreed = [a if a < b else b for a, b in zip(agreed, theirs, strict=True)]
+            return agreed, messages
+        group = self._sets[0]
         if group.size == 1:
-            return values
+            return values, None
         tensor = torch.tensor(values, dtype=torch.int64)
         self._backend("cpu", group).allreduce(tensor, ReduceKind.MIN)
-        return tensor.tolist()
+        return tensor.tolist(), None
 
-    def _apply_round(self, control: list[int], width: int) -> None:
+    def _apply_round(self, control: list[int], width: int,
+                     messages: list[tuple[list[int], torch.Tensor | None]] | None) -> None:
         values = control[:width]
         agreed = int(control[width])
         usable = bool(control[width + 1])
         threshold = int(control[width + 2]) * 1024
+        # Every rank sent the bytes of its ready tensors: where they sit in
+        # each payload, read before step 1 empties any slot.
+        layouts = None
+        if messages is not None and control[width + 4] == 1 and 2 in values:
+            by_values: dict[tuple[int, ...], dict[int, int]] = {}
+            layouts = []
+            for theirs, _payload in messages:
+                key = tuple(theirs[:width])
+                if key not in by_values:
+                    by_values[key] = self._layout(theirs, width)
+                layouts.append(by_values[key])
         # 1. Slots some rank found stale: drop them; our own waiting tensors
         #    go to the coordinator instead.
         resend = []
@@ -645,15 +817,21 @@ class Engine:
                     entry = self._cached_pending.pop(slot, None)
                     if entry is None:  # failed meanwhile; the rounds stop next
                         continue
-                    ready.append((self._cache.signature(slot), entry))
+                    ready.append((slot, self._cache.signature(slot), entry))
                     self._cache.touch(slot)
-                    timeline.negotiate_end(entry.name)
-                    timeline.start(entry.name, OpType.ALLREDUCE)
-                    timeline.activity_start(entry.name, "QUEUE")
+                    if timeline.active:
+                        timeline.negotiate_end(entry.name)
+                        timeline.start(entry.name, OpType.ALLREDUCE)
+                        timeline.activity_start(entry.name, "QUEUE")
         for entry in resend:
             self._stream.send(entry.request())
-        # 2. Slots ready everywhere, fused in slot order.
-        self._run_cached(ready, threshold)
+        # 2. Slots ready everywhere: reduced from the payloads the round
+        #    brought, or fused in slot order through Gloo.
+        if layouts is not None:
+            assert messages is not None
+            self._run_mesh(ready, messages, layouts)
+        else:
+            self._run_cached(ready, threshold)
         # 3. A rank has joined: stop using the cache until the join completes.
         if not usable and self._cache_on:
             self._set_cache(False)
@@ -665,19 +843,82 @@ class Engine:
             for response in batch:
                 self._remember(response, self._execute(response))
 
-    def _run_cached(self, ready: list[tuple[Signature, Entry]], threshold: int) -> None:
+    def _run_mesh(self, ready: list[tuple[int, Signature, Entry]],
+                  messages: list[tuple[list[int], torch.Tensor | None]],
+                  layouts: list[dict[int, int]]) -> None:
+        """Reduces tensors whose bytes every rank sent with the round's vector.
+
+        Each rank combines the contributions in rank order, so every rank
+        computes the same bits.
+        """
+        i = 0
+        while i < len(ready):
+            key = ready[i][1].fusion_key
+            j = i + 1
+            while j < len(ready) and ready[j][1].fusion_key == key:
+                j += 1
+            batch = ready[i:j]
+            i = j
+            entries = [entry for _slot, _sig, entry in batch]
+            names = [entry.name for entry in entries]
+            with self._lock:
+                for name in names:
+                    self._pending.pop(name, None)
+            self._activity(names, "QUEUE", "MESH_ALLREDUCE")
+            first = entries[0]
+            dtype = first.buffer.dtype
+            nbytes = sum(sig.nbytes for _slot, sig, _entry in batch)
+            # Each rank's contribution as one flat tensor: a view of its
+            # payload when the batch lies back to back there (the usual case:
+            # every rank was ready with the same tensors), else gathered.
+            flats = []
+            first_slot, last_slot, last_sig = batch[0][0], batch[-1][0], batch[-1][1]
+            for (_values, payload), layout in zip(messages, layouts, strict=True):
+                assert payload is not None
+                start = layout[first_slot]
+                if layout[last_slot] + last_sig.nbytes - start == nbytes:
+                    flats.append(payload[start:start + nbytes].view(dtype))
+                else:
+                    flats.append(torch.cat([payload[layout[slot]:layout[slot] + sig.nbytes]
+                                            .view(dtype) for slot, sig, _entry in batch]))
+            pre, post = first.prescale_factor, first.postscale_factor
+            if first.reduce_op == ReduceOp.AVERAGE:
+                post /= self.size
+            if len(entries) == 1:
+                acc = first.buffer.view(-1)
+            else:
+                acc = self._fusion_buffer(dtype, first.buffer.device, nbytes // dtype.itemsize)
+            acc.copy_(flats[0])
+            _scale(acc, pre)
+            reduce = _REDUCE_INTO[first.reduce_op]
+            for theirs in flats[1:]:
+                if pre != 1.0:
+                    theirs = theirs.clone()
+                    _scale(theirs, pre)
+                reduce(acc, theirs)
+            _scale(acc, post)
+            if len(entries) > 1:
+                outputs = [entry.buffer.view(-1) for entry in entries]
+                torch._foreach_copy_(outputs, list(acc.split([o.numel() for o in outputs])))
+            self._activity(names, "MESH_ALLREDUCE", None)
+            for entry in entries:
+                self._finish(entry, entry.buffer)
+            self._tuned_bytes += nbytes
+            self.mesh_batches += 1
+
+    def _run_cached(self, ready: list[tuple[int, Signature, Entry]], threshold: int) -> None:
         group = self._sets[0]
         i = 0
         while i < len(ready):
-            signature, first = ready[i]
+            _slot, signature, first = ready[i]
             batch = [first]
             nbytes = first.buffer.numel() * first.buffer.element_size()
             i += 1
-            while i < len(ready) and ready[i][0].fusion_key == signature.fusion_key:
-                size = ready[i][1].buffer.numel() * ready[i][1].buffer.element_size()
+            while i < len(ready) and ready[i][1].fusion_key == signature.fusion_key:
+                size = ready[i][2].buffer.numel() * ready[i][2].buffer.element_size()
                 if nbytes + size > threshold:
                     break
-                batch.append(ready[i][1])
+                batch.append(ready[i][2])
                 nbytes += size
                 i += 1
             with self._lock:
@@ -841,7 +1082,6 @@ class Engine:
         if first.reduce_op == ReduceOp.AVERAGE:
             post /= set_size
         kind = _NATIVE_REDUCE[first.reduce_op]
-        timeline = self.timeline
         names = [e.name for e in entries]
         self._activity(names, "QUEUE", None)
         if len(entries) == 1:
@@ -862,12 +1102,10 @@ class Engine:
             self._finish(first, buf)
             return
         self._activity(names, None, "MEMCPY_OUT_FUSION_BUFFER")
-        offset = 0
+        outputs = [entry.buffer.view(-1) for entry in entries]
+        torch._foreach_copy_(outputs, list(buf.split([out.numel() for out in outputs])))
+        self._activity(names, "MEMCPY_OUT_FUSION_BUFFER", None)
         for entry in entries:
-            n = entry.buffer.numel()
-            entry.buffer.view(-1).copy_(buf[offset:offset + n])
-            offset += n
-            timeline.activity_end(entry.name)
             self._finish(entry, entry.buffer)
 
     def _activity(self, names: list[str], end: str | None, start: str | None) -> None:

@@ -80,6 +80,9 @@ ENV_VARS: tuple[_Var, ...] = (
          "milliseconds the background loop batches ready tensors"),
     _Var("cache_capacity", ("HORA_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY"), int,
          "negotiated allreduces remembered so they skip the coordinator (0 disables)"),
+    _Var("mesh_allreduce_bytes", ("HORA_MESH_ALLREDUCE_BYTES",), int,
+         "cached CPU allreduces up to this many bytes (times ranks - 1) travel with the "
+         "round's agreement over direct connections instead of Gloo (0: always Gloo)"),
     _Var("timeline", ("HORA_TIMELINE", "HOROVOD_TIMELINE"), str,
          "Chrome-trace timeline file written by rank 0"),
     _Var("timeline_mark_cycles", ("HORA_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES"),
@@ -122,6 +125,9 @@ class Settings:
     # waiting to batch more (see bench/README.md).
     cycle_time: timedelta = timedelta(0)
     cache_capacity: int = 1024
+    # Small allreduces ride the agreement round's own exchange: one round trip
+    # instead of two exchanges (see bench/README.md for the measurement).
+    mesh_allreduce_bytes: int = 1 * MiB
     timeline: str = ""
     timeline_mark_cycles: bool = False
     autotune: bool = False
@@ -171,6 +177,9 @@ class Settings:
             raise SettingsError(f"cache capacity must be >= 0, got {self.cache_capacity}")
         if self.cycle_time < timedelta(0):
             raise SettingsError(f"cycle time must be >= 0, got {self.cycle_time}")
+        if self.mesh_allreduce_bytes < 0:
+            raise SettingsError(
+                f"mesh allreduce bytes must be >= 0, got {self.mesh_allreduce_bytes}")
         if self.fusion_threshold < 0:
             raise SettingsError(f"fusion threshold must be >= 0, got {self.fusion_threshold}")
         for name in ("start_timeout", "connect_timeout", "collective_timeout",

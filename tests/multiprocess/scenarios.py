@@ -631,6 +631,49 @@ def fusion_mix(rounds: int = 3):
     return results, [(str(d), n) for d, n in specs]
 
 
+def mesh_steps(dtype_names, op_names, steps):
+    """Cached allreduces enqueued in a different order on odd ranks, so that rounds
+    see different ready sets; returns each step's results and the mesh's batch count."""
+    from hora import _runtime
+
+    rank = hvd.rank()
+    keys = [(d, o, False) for d in dtype_names for o in op_names]
+    keys += [(d, o, True) for d in dtype_names if DTYPES[d].is_floating_point
+             for o in ("Sum", "Average")]
+    order = keys if rank % 2 == 0 else keys[::-1]
+    steps_out = []
+    for step in range(steps):
+        handles = {}
+        for i, (dname, oname, scaled) in enumerate(order):
+            x = make_input(rank, DTYPES[dname], (5, 3), salt=step)
+            scale = {"prescale_factor": 0.5, "postscale_factor": 2.0} if scaled else {}
+            handles[(dname, oname, scaled)] = hvd.allreduce_async(
+                x, name=f"mesh.{dname}.{oname}.{scaled}", op=getattr(hvd, oname), **scale)
+            if rank == 1 and i % 5 == 0:
+                time.sleep(0.002)
+        steps_out.append({key: hvd.synchronize(h) for key, h in handles.items()})
+    return steps_out, _runtime.current().engine.mesh_batches
+
+
+def mesh_gaps(steps):
+    """Rank 1 submits every other tensor first, so rank 0's payload holds tensors the
+    round does not agree on between ones it does."""
+    rank = hvd.rank()
+    out = []
+    for step in range(steps):
+        xs = [make_input(rank, torch.float32, (7,), salt=step + i) for i in range(6)]
+        # Step 0 negotiates, giving the names cache slots in name order.
+        gaps = rank == 1 and step > 0
+        order = [0, 2, 4, 1, 3, 5] if gaps else list(range(6))
+        handles = {}
+        for i in order:
+            handles[i] = hvd.allreduce_async(xs[i], name=f"gap.{i}", op=hvd.Sum)
+            if gaps and i == 4:
+                time.sleep(0.05)
+        out.append([hvd.synchronize(handles[i]) for i in range(6)])
+    return out
+
+
 def timeline_run(path_at_start: str, path_later: str):
     rank = hvd.rank()
     for _ in range(3):
@@ -638,6 +681,8 @@ def timeline_run(path_at_start: str, path_later: str):
                    for i in range(4)]
         for h in handles:
             hvd.synchronize(h)
+    # A group is fused by the coordinator every time: the fusion-buffer events.
+    hvd.grouped_allreduce([torch.ones(5), torch.ones(7)], name="group")
     hvd.broadcast(torch.ones(3), root_rank=0, name="bcast")
     hvd.stop_timeline()
     hvd.start_timeline(path_later, mark_cycles=False)

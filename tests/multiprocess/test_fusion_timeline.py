@@ -16,10 +16,14 @@ SCENARIOS = Path(__file__).with_name("scenarios.py")
 import scenarios  # noqa: E402  (the test dir is on sys.path)
 
 
-@pytest.mark.parametrize("threshold", ["4096", "0", str(64 * 1024 * 1024)])
-def test_fused_allreduces_of_mixed_dtypes_and_sizes(shared_coordinator, threshold):
+# Mesh bytes 0 sends the cached rounds' data through Gloo and its fusion buffer;
+# 1 MiB (the default) lets them ride the agreement exchange.
+@pytest.mark.parametrize(("threshold", "mesh_bytes"), [
+    ("4096", "0"), ("0", "0"), (str(64 * 1024 * 1024), "0"), ("4096", str(1 << 20))])
+def test_fused_allreduces_of_mixed_dtypes_and_sizes(shared_coordinator, threshold, mesh_bytes):
     results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS, "fusion_mix",
-                                            env={"HORA_FUSION_THRESHOLD": threshold})]
+                                            env={"HORA_FUSION_THRESHOLD": threshold,
+                                                 "HORA_MESH_ALLREDUCE_BYTES": mesh_bytes})]
     dtypes = [torch.float32, torch.float64, torch.float32, torch.int64, torch.float32,
               torch.float16, torch.float64, torch.int32]
     for rounds, specs in results:
@@ -39,7 +43,7 @@ def test_timeline_is_json_with_horovods_event_names(shared_coordinator, tmp_path
     names = {e.get("name") for e in events}
     for expected in ("NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER",
                      "GLOO_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER", "CYCLE_START",
-                     "NEGOTIATE_BROADCAST", "BROADCAST", "GLOO_BROADCAST"):
+                     "NEGOTIATE_BROADCAST", "BROADCAST", "GLOO_BROADCAST", "MESH_ALLREDUCE"):
         assert expected in names, (expected, sorted(n for n in names if n))
     rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {"grad.0", "grad.3", "bcast"} <= rows

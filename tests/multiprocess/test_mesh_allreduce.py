@@ -1,0 +1,62 @@
+"""Small cached allreduces that ride the agreement round's exchange (the control mesh).
+
+Ranks enqueue in different orders, so rounds see different ready sets and
+payload layouts; every result must match the single-process reference, be
+bit-identical on every rank, and equal what the Gloo path computes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from scenarios import DTYPES, OPS, make_input
+from test_collectives import assert_close, reduce_ref
+
+from tests.support.workers import run_workers
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+
+SCENARIOS = Path(__file__).with_name("scenarios.py")
+STEPS = 4
+
+
+def expected(key, size: int, step: int) -> torch.Tensor:
+    dname, op, scaled = key
+    dtype = DTYPES[dname]
+    inputs = [make_input(r, dtype, (5, 3), salt=step) for r in range(size)]
+    if not scaled:
+        return reduce_ref(inputs, op)
+    total = sum(0.5 * t.to(torch.float64) for t in inputs) * 2.0
+    return total / size if op == "Average" else total
+
+
+@pytest.mark.parametrize(("size", "mesh_bytes"), [(3, None), (2, None), (3, "0")])
+def test_every_dtype_and_op_matches_the_reference_on_every_rank(shared_coordinator, size,
+                                                                mesh_bytes):
+    env = {} if mesh_bytes is None else {"HORA_MESH_ALLREDUCE_BYTES": mesh_bytes}
+    results = [r.value for r in run_workers(shared_coordinator, size, SCENARIOS, "mesh_steps",
+                                            (list(DTYPES), OPS, STEPS), env=env)]
+    for rank, (steps, mesh_batches) in enumerate(results):
+        if mesh_bytes == "0":
+            assert mesh_batches == 0, "the mesh reduced data although it was disabled"
+        else:
+            assert mesh_batches > 0, f"rank {rank}: no round carried its data"
+        for step, outputs in enumerate(steps):
+            for key, actual in outputs.items():
+                try:
+                    assert_close(actual, expected(key, size, step), DTYPES[key[0]])
+                except AssertionError as exc:
+                    raise AssertionError(f"rank {rank} step {step} {key}: {exc}") from exc
+                assert torch.equal(actual, results[0][0][step][key]), (rank, step, key)
+
+
+def test_tensors_between_agreed_ones_in_a_payload_are_skipped(shared_coordinator):
+    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS, "mesh_gaps",
+                                            (STEPS,))]
+    for step in range(STEPS):
+        for i in range(6):
+            want = sum(make_input(r, torch.float32, (7,), salt=step + i) for r in range(2))
+            for rank, steps in enumerate(results):
+                torch.testing.assert_close(steps[step][i], want, msg=f"rank {rank} {step} {i}")

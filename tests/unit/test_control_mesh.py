@@ -1,0 +1,96 @@
+"""The control mesh: ranks in threads of this process, over real loopback sockets."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hora_native import BackendError
+from hora_native.control import ControlMesh
+
+
+def build(size: int, timeout: float = 10.0) -> list[ControlMesh]:
+    store = dist.HashStore()
+    meshes: list[ControlMesh | None] = [None] * size
+
+    def make(rank: int) -> None:
+        meshes[rank] = ControlMesh(store, rank, size, timedelta(seconds=timeout), "127.0.0.1")
+
+    run_all([lambda r=r: make(r) for r in range(size)])
+    return meshes  # type: ignore[return-value]
+
+
+def run_all(fns):
+    results, errors = [None] * len(fns), [None] * len(fns)
+
+    def call(i):
+        try:
+            results[i] = fns[i]()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            errors[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(fns))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(t.is_alive() for t in threads), "an exchange hung"
+    return results, errors
+
+
+def payload(rank: int, nbytes: int) -> torch.Tensor | None:
+    if nbytes == 0:
+        return None
+    return (torch.arange(nbytes, dtype=torch.int64) * (rank + 3) % 251).to(torch.uint8)
+
+
+def test_min_and_payloads_larger_than_socket_buffers_reach_every_rank():
+    meshes = build(3)
+    # 8 MiB each way at once would deadlock blocking sends; sizes differ per rank.
+    sizes = [8 << 20, 0, 12345]
+    for round_ in range(3):
+        vectors = [[rank, 10 - rank, round_] for rank in range(3)]
+        results, errors = run_all([
+            lambda r=r, v=vectors: meshes[r].exchange(v[r], payload(r, sizes[r]))
+            for r in range(3)])
+        assert errors == [None] * 3
+        for got in results:
+            for sender, (values, data) in enumerate(got):
+                assert values == vectors[sender]
+                want = payload(sender, sizes[sender])
+                assert (data is None) if want is None else torch.equal(data, want)
+    results, errors = run_all([lambda r=r: meshes[r].min([r, 5 - r]) for r in range(3)])
+    assert errors == [None] * 3 and results == [[0, 3]] * 3
+    for mesh in meshes:
+        mesh.close()
+
+
+def test_vectors_of_different_lengths_are_an_error_not_a_hang():
+    meshes = build(2)
+    _, errors = run_all([lambda: meshes[0].exchange([1, 2]), lambda: meshes[1].exchange([1])])
+    assert all(isinstance(e, BackendError) for e in errors)
+    assert "diverged" in str(errors[0]) or "diverged" in str(errors[1])
+    for mesh in meshes:
+        mesh.close()
+
+
+def test_a_closed_peer_fails_the_exchange():
+    meshes = build(3)
+    meshes[2].close()
+    _, errors = run_all([lambda: meshes[0].exchange([1]), lambda: meshes[1].exchange([1])])
+    for error in errors:
+        assert isinstance(error, BackendError) and "rank 2 closed its connection" in str(error)
+    for mesh in meshes:
+        mesh.close()
+
+
+def test_a_silent_peer_fails_the_exchange_at_the_timeout():
+    meshes = build(2, timeout=1.0)
+    with pytest.raises(BackendError, match=r"heard nothing from rank\(s\) \[1\] for 1 s"):
+        meshes[0].exchange([1], payload(0, 100))
+    for mesh in meshes:
+        mesh.close()
