@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +171,8 @@ class Entry:
 _MESH_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
                           torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 
+_MESH_DTYPE_NAMES = frozenset(dtype_name(dtype) for dtype in _MESH_DTYPES)
+
 # In-place reductions the engine applies to contributions it received itself.
 _REDUCE_INTO: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], Any]] = {
     ReduceOp.SUM: torch.Tensor.add_,
@@ -277,8 +279,6 @@ class Engine:
         if settings.timeline:
             self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-        self._mesh_bytes = settings.mesh_allreduce_bytes
-        self._send_buffer: torch.Tensor | None = None
         self._sets: dict[int, _SetGroup] = {
             0: _SetGroup(0, tuple(range(world.size)), world.rank)}
         self._join: Entry | None = None
@@ -297,7 +297,17 @@ class Engine:
             self._mesh = ControlMesh(
                 dist.PrefixStore("ctl/", self._store), world.rank, world.size,
                 settings.collective_timeout,
-                world.members[world.rank].data_plane_address or settings.data_plane_address)
+                world.members[world.rank].data_plane_address or settings.data_plane_address,
+                shared_memory=settings.shm_allreduce_bytes > 0)
+        # The most payload bytes a rank sends with its control vector. Rank 0's
+        # choice reaches everyone through the vector, since every rank must
+        # compute every other rank's payload layout the same way; until the
+        # first round has agreed on it, rounds carry no payload.
+        self._payload_budget = 0
+        if self._mesh is not None:
+            self._payload_budget = (settings.shm_allreduce_bytes if self._mesh.shared
+                                    else settings.mesh_allreduce_bytes // (world.size - 1))
+        self._agreed_budget = 0
         self._note_heartbeat(client.heartbeat(world.generation))
         self._stream: NegotiationStream = client.open_stream(world.generation)
         self._threads = [
@@ -691,10 +701,10 @@ class Engine:
             # value, so the MIN hands everyone rank 0's.
             control[width + 2] = self._threshold_kib if self.rank == 0 else _UNSET
             control[width + 3] = self._cycle_us if self.rank == 0 else _UNSET
+            control[width + 4] = self._payload_budget if self.rank == 0 else _UNSET
             if self._join is not None:
                 self._join_announced = True
-        payload = self._pack_ready(ready)
-        control[width + 4] = 0 if payload is None else 1
+        payload = self._pack(ready)
         try:
             control, messages = self._control_exchange(control, payload)
         except BackendError as exc:
@@ -705,65 +715,69 @@ class Engine:
         self.timeline.cycle_start()
         self._cycle_s = int(control[width + 3]) / 1e6
         self._run_safely(None, lambda: self._apply_round(control, width, messages))
+        self._agreed_budget = int(control[width + 4])
         if self._tuner is not None:
             self._autotune_step()
 
-    def _pack_ready(self, ready: list[tuple[int, Entry]]) -> torch.Tensor | None:
-        """The bytes of this rank's ready cached tensors, to send with the round's vector.
+    def _layout(self, slots: Iterable[int]) -> tuple[dict[int, int], int]:
+        """Which ready tensors a rank sends with its control vector, and where.
 
-        None when the round's data must go through Gloo: no mesh, nothing
-        ready, a tensor the mesh does not reduce, or more bytes than
-        ``mesh_allreduce_bytes`` (counted once per peer, as each peer gets
-        a copy). The layout is :meth:`_layout`'s.
+        ``slots`` are the cache slots the rank marked ready, in ascending
+        order. A tensor travels in the payload when it is a non-empty CPU
+        tensor of a dtype the mesh reduces and the payload, which each peer
+        receives a copy of, stays within ``mesh_allreduce_bytes``. Tensors
+        sit back to back in slot order; a change of dtype starts at the next
+        8-byte boundary, so that each can be viewed in place. Every rank
+        computes every rank's layout from its vector and the (identical)
+        caches. Returns {slot: byte offset} and the payload's length.
         """
-        if self._mesh is None or not ready or self._mesh_bytes <= 0:
+        budget = self._agreed_budget
+        if self._mesh is None or budget <= 0:
+            return {}, 0
+        signature = self._cache.signature
+        offsets, total, dtype = {}, 0, None
+        for slot in slots:
+            sig = signature(slot)
+            nbytes = sig.nbytes
+            if not nbytes or sig.device != "cpu" or sig.dtype not in _MESH_DTYPE_NAMES:
+                continue
+            start = total if sig.dtype == dtype else (total + 7) & ~7
+            if start + nbytes > budget:
+                continue
+            offsets[slot], total, dtype = start, start + nbytes, sig.dtype
+        return offsets, total
+
+    def _pack(self, ready: list[tuple[int, Entry]]) -> torch.Tensor | None:
+        """This rank's payload: the bytes of the ready tensors :meth:`_layout` picks."""
+        layout, total = self._layout(slot for slot, _entry in ready)
+        if not layout:
             return None
-        # Runs of one dtype, each starting 8-byte aligned.
-        runs: list[tuple[int, torch.dtype, list[torch.Tensor]]] = []
-        total = 0
-        dtype = None
-        for _slot, entry in ready:
-            buffer = entry.buffer
-            if buffer.dtype is not dtype:
-                dtype = buffer.dtype
-                if buffer.device.type != "cpu" or dtype not in _MESH_DTYPES:
-                    return None
-                total = (total + 7) & ~7
-                runs.append((total, dtype, []))
-            runs[-1][2].append(buffer.view(-1))
-            total += buffer.numel() * buffer.element_size()
-        if total * (self.size - 1) > self._mesh_bytes:
+        assert self._mesh is not None
+        try:
+            send = self._mesh.payload_buffer(total)
+        except BackendError as exc:
+            # Peers see that this rank sent nothing and use Gloo this round.
+            log.warning("rank %d: %s; this round's tensors go through Gloo", self.rank, exc)
             return None
-        send = self._send_buffer
-        if send is None or send.numel() < total:
-            grown = max(total, 2 * send.numel() if send is not None else 0)
-            send = self._send_buffer = torch.empty(grown, dtype=torch.uint8)
-        for offset, dtype, tensors in runs:
-            nbytes = sum(t.numel() for t in tensors) * tensors[0].element_size()
-            out = send[offset:offset + nbytes].view(dtype)
+        # Copy runs of tensors that lie back to back with one call each.
+        runs: list[tuple[int, int, list[torch.Tensor]]] = []  # (start, end, tensors)
+        for slot, entry in ready:
+            offset = layout.get(slot)
+            if offset is None:
+                continue
+            flat = entry.buffer.view(-1)
+            end = offset + flat.numel() * flat.element_size()
+            if runs and runs[-1][1] == offset and runs[-1][2][0].dtype == flat.dtype:
+                runs[-1] = (runs[-1][0], end, runs[-1][2] + [flat])
+            else:
+                runs.append((offset, end, [flat]))
+        for start, end, tensors in runs:
+            out = send[start:end].view(tensors[0].dtype)
             if len(tensors) == 1:
                 out.copy_(tensors[0])
             else:
                 torch.cat(tensors, out=out)
-        return send[:total]
-
-    def _layout(self, values: list[int], width: int) -> dict[int, int]:
-        """Where each slot a rank marked ready sits in that rank's payload (byte offsets).
-
-        Ready slots in slot order, back to back; a change of dtype starts at
-        the next 8-byte boundary, so that every tensor can be viewed in place.
-        """
-        offsets, total, dtype = {}, 0, None
-        signature = self._cache.signature
-        for slot in range(width):
-            if values[slot] == 2:
-                sig = signature(slot)
-                if sig.dtype != dtype:
-                    dtype = sig.dtype
-                    total = (total + 7) & ~7
-                offsets[slot] = total
-                total += sig.nbytes
-        return offsets
+        return send
 
     def _control_exchange(self, values: list[int], payload: torch.Tensor | None
                           ) -> tuple[list[int], list[tuple[list[int], torch.Tensor | None]] | None]:
@@ -789,17 +803,22 @@ class Engine:
         agreed = int(control[width])
         usable = bool(control[width + 1])
         threshold = int(control[width + 2]) * 1024
-        # Every rank sent the bytes of its ready tensors: where they sit in
-        # each payload, read before step 1 empties any slot.
+        # Where each rank's payload holds which tensors, read before step 1
+        # empties any slot.
         layouts = None
-        if messages is not None and control[width + 4] == 1 and 2 in values:
+        if messages is not None and 2 in values:
             by_values: dict[tuple[int, ...], dict[int, int]] = {}
             layouts = []
-            for theirs, _payload in messages:
+            for theirs, payload in messages:
                 key = tuple(theirs[:width])
                 if key not in by_values:
-                    by_values[key] = self._layout(theirs, width)
-                layouts.append(by_values[key])
+                    by_values[key] = self._layout(
+                        [slot for slot, value in enumerate(key) if value == 2])
+                layout, total = by_values[key]
+                # A rank that could not send its payload sent none: its
+                # tensors go through Gloo, on every rank alike.
+                sent = payload is not None and payload.numel() == total
+                layouts.append(layout if sent else {})
         # 1. Slots some rank found stale: drop them; our own waiting tensors
         #    go to the coordinator instead.
         resend = []
@@ -826,12 +845,18 @@ class Engine:
         for entry in resend:
             self._stream.send(entry.request())
         # 2. Slots ready everywhere: reduced from the payloads the round
-        #    brought, or fused in slot order through Gloo.
+        #    brought when every rank sent the tensor, else fused in slot
+        #    order through Gloo.
         if layouts is not None:
             assert messages is not None
-            self._run_mesh(ready, messages, layouts)
-        else:
-            self._run_cached(ready, threshold)
+            carried = [item for item in ready if all(item[0] in lay for lay in layouts)]
+            if carried:
+                self._run_mesh(carried, messages, layouts)
+                if len(carried) < len(ready):
+                    ready = [item for item in ready if not all(item[0] in lay for lay in layouts)]
+                else:
+                    ready = []
+        self._run_cached(ready, threshold)
         # 3. A rank has joined: stop using the cache until the join completes.
         if not usable and self._cache_on:
             self._set_cache(False)

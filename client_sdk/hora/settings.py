@@ -83,6 +83,9 @@ ENV_VARS: tuple[_Var, ...] = (
     _Var("mesh_allreduce_bytes", ("HORA_MESH_ALLREDUCE_BYTES",), int,
          "cached CPU allreduces up to this many bytes (times ranks - 1) travel with the "
          "round's agreement over direct connections instead of Gloo (0: always Gloo)"),
+    _Var("shm_allreduce_bytes", ("HORA_SHM_ALLREDUCE_BYTES",), int,
+         "when all ranks share a machine, cached CPU allreduces up to this many bytes per "
+         "round go through shared memory instead of sockets (0: never)"),
     _Var("timeline", ("HORA_TIMELINE", "HOROVOD_TIMELINE"), str,
          "Chrome-trace timeline file written by rank 0"),
     _Var("timeline_mark_cycles", ("HORA_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES"),
@@ -128,6 +131,9 @@ class Settings:
     # Small allreduces ride the agreement round's own exchange: one round trip
     # instead of two exchanges (see bench/README.md for the measurement).
     mesh_allreduce_bytes: int = 1 * MiB
+    # Ranks on one machine read each other's tensors in place: about 4 memory
+    # passes instead of a trip through loopback TCP (see bench/README.md).
+    shm_allreduce_bytes: int = 64 * MiB
     timeline: str = ""
     timeline_mark_cycles: bool = False
     autotune: bool = False
@@ -177,9 +183,9 @@ class Settings:
             raise SettingsError(f"cache capacity must be >= 0, got {self.cache_capacity}")
         if self.cycle_time < timedelta(0):
             raise SettingsError(f"cycle time must be >= 0, got {self.cycle_time}")
-        if self.mesh_allreduce_bytes < 0:
-            raise SettingsError(
-                f"mesh allreduce bytes must be >= 0, got {self.mesh_allreduce_bytes}")
+        for name in ("mesh_allreduce_bytes", "shm_allreduce_bytes"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.fusion_threshold < 0:
             raise SettingsError(f"fusion threshold must be >= 0, got {self.fusion_threshold}")
         for name in ("start_timeout", "connect_timeout", "collective_timeout",

@@ -16,6 +16,14 @@ and a second exchange through Gloo is not needed (see
 non-blocking sockets, so payloads larger than the kernel's socket buffers
 cannot deadlock two ranks that send to each other at once.
 
+When every rank can open every other rank's files in ``/dev/shm`` (they run
+on one machine), payloads do not travel over TCP at all: each rank writes
+its payload into its own shared-memory segment and the message carries
+only where it lies, so peers read the bytes in place at memory speed. Each
+segment has two halves used in alternate exchanges: a peer may still be
+reading exchange k's half while its owner writes exchange k+1's, but no
+rank can reach exchange k+2 before every peer has finished exchange k.
+
 The mesh bootstraps through the same store as the data plane: each rank
 listens on an ephemeral port and publishes ``host:port``; lower ranks accept,
 higher ranks connect.
@@ -23,10 +31,13 @@ higher ranks connect.
 
 from __future__ import annotations
 
+import mmap
+import os
 import select
 import socket
 import struct
 import time
+import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -40,8 +51,12 @@ __all__ = ["ControlMesh", "MAX_MESH_SIZE"]
 MAX_MESH_SIZE = 32
 
 _HELLO = struct.Struct("<i")
-# A message: number of int64 values, payload bytes; then the values, then the payload.
-_MESSAGE = struct.Struct("<IQ")
+# A message: number of int64 values, payload bytes, where the payload lies in the
+# sender's shared segment (offset, segment version; version -1: the bytes follow
+# the values on the socket); then the values, then any inline payload.
+_MESSAGE = struct.Struct("<IQQq")
+_INLINE = -1
+_SHM_DIR = "/dev/shm"
 
 
 class ControlMesh:
@@ -56,10 +71,21 @@ class ControlMesh:
     """
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
-                 address: str) -> None:
+                 address: str, shared_memory: bool = True) -> None:
         self.rank = rank
         self.size = size
         self._peers: dict[int, socket.socket] = {}
+        # Shared-memory transport: our segment (grown by replacing it with a
+        # new version), the peers' segments we mapped, and a segment of ours
+        # to unlink once every peer has opened it.
+        self.shared = False
+        self._segment: _Segment | None = None
+        self._version = -1
+        self._prefix = ""
+        self._peer_prefix: dict[int, str] = {}
+        self._peer_segments: dict[int, tuple[int, _Segment]] = {}
+        self._unlink_after: list[tuple[int, str]] = []
+        self._exchanges = 0
         seconds = timeout.total_seconds()
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -89,6 +115,99 @@ class ControlMesh:
         self._timeout = seconds
         self._peer_of = {conn: peer for peer, conn in self._peers.items()}
         self._buffers: dict[int, torch.Tensor] = {}
+        self._send: torch.Tensor | None = None
+        if size > 1:
+            self.shared = self._probe_shared_memory(store, shared_memory)
+
+    # -- shared memory --------------------------------------------------------
+
+    def _probe_shared_memory(self, store: dist.Store, wanted: bool) -> bool:
+        """Whether every rank can open every other rank's files in /dev/shm.
+
+        Each rank writes a random token into a probe file; every rank reads
+        every peer's; one MIN-exchange makes the answer the same everywhere.
+        A rank that does not want shared memory takes part and says no.
+        """
+        token = uuid.uuid4().hex
+        self._prefix = os.path.join(_SHM_DIR, f"hora-{token}")
+        probe = f"{self._prefix}.probe"
+        ok = 1 if wanted else 0
+        try:
+            if ok:
+                with open(probe, "w", encoding="ascii") as f:
+                    f.write(token)
+        except OSError:
+            ok = 0
+        store.set(f"shm/{self.rank}", f"{ok} {self._prefix} {token}")
+        try:
+            for peer in self._peers:
+                peer_ok, prefix, peer_token = store.get(f"shm/{peer}").decode().split(" ")
+                self._peer_prefix[peer] = prefix
+                if ok and peer_ok == "1":
+                    try:
+                        with open(f"{prefix}.probe", encoding="ascii") as f:
+                            ok = int(f.read() == peer_token)
+                    except OSError:
+                        ok = 0
+                else:
+                    ok = 0
+            agreed = self.min([ok])[0]
+        finally:
+            try:
+                os.unlink(probe)
+            except OSError:
+                pass
+        return bool(agreed)
+
+    def payload_buffer(self, nbytes: int) -> torch.Tensor:
+        """Where to write the next exchange's payload (``nbytes``, uint8).
+
+        In shared-memory mode this is the half of our segment that peers read
+        in place; otherwise a private buffer whose bytes go over TCP.
+
+        Raises:
+            BackendError: the shared segment could not grow (for example,
+                /dev/shm is full).
+        """
+        if not self.shared:
+            send = self._send
+            if send is None or send.numel() < nbytes:
+                grown = max(nbytes, 2 * send.numel() if send is not None else 0)
+                send = self._send = torch.empty(grown, dtype=torch.uint8)
+            return send[:nbytes]
+        segment = self._segment
+        if segment is None or segment.half < nbytes:
+            half = max(nbytes, 2 * segment.half if segment is not None else 1 << 20)
+            self._version += 1
+            path = f"{self._prefix}-{self.rank}-{self._version}"
+            try:
+                grown = _Segment(path, 2 * half, create=True)
+            except OSError as exc:
+                raise BackendError(f"control mesh: rank {self.rank} could not make a "
+                                   f"{2 * half} byte shared segment {path}: {exc}") from exc
+            if segment is not None:
+                segment.close()  # peers keep their own mappings of it
+            self._segment = segment = grown
+            # Peers open the new file while receiving the next exchange; it
+            # can go from the file system once the exchange after that is done.
+            self._unlink_after.append((self._exchanges + 1, path))
+        offset = (self._exchanges % 2) * segment.half
+        return segment.tensor[offset:offset + nbytes]
+
+    def _peer_payload(self, peer: int, version: int, offset: int, nbytes: int
+                      ) -> torch.Tensor:
+        found = self._peer_segments.get(peer)
+        if found is None or found[0] != version:
+            path = f"{self._peer_prefix[peer]}-{peer}-{version}"
+            try:
+                segment = _Segment(path, 0, create=False)
+            except OSError as exc:
+                raise BackendError(f"control mesh: rank {self.rank} could not open rank "
+                                   f"{peer}'s shared segment {path}: {exc}") from exc
+            if found is not None:
+                found[1].close()
+            self._peer_segments[peer] = found = (version, segment)
+        return found[1].tensor[offset:offset + nbytes]
 
     def _recv(self, conn: socket.socket, n: int, what: str) -> bytes:
         chunks = []
@@ -126,8 +245,16 @@ class ControlMesh:
         """
         n = len(values)
         nbytes = 0 if payload is None else payload.numel()
-        head = _MESSAGE.pack(n, nbytes) + struct.pack(f"<{n}q", *values)
-        body = memoryview(payload.numpy()) if nbytes else None
+        segment = self._segment
+        if nbytes and self.shared and segment is not None and \
+                payload.untyped_storage().data_ptr() == segment.tensor.data_ptr():
+            offset = payload.data_ptr() - segment.tensor.data_ptr()
+            head = _MESSAGE.pack(n, nbytes, offset, self._version)
+            body = None
+        else:
+            head = _MESSAGE.pack(n, nbytes, 0, _INLINE)
+            body = memoryview(payload.numpy()) if nbytes else None
+        head += struct.pack(f"<{n}q", *values)
         result: list[tuple[list[int], torch.Tensor | None]] = [([], None)] * self.size
         result[self.rank] = (list(values), payload if nbytes else None)
         sending = {peer: _Outgoing(conn, head, body) for peer, conn in self._peers.items()}
@@ -156,6 +283,9 @@ class ControlMesh:
         except OSError as exc:
             raise BackendError(f"control mesh exchange failed on rank {self.rank}: {exc}") \
                 from exc
+        self._exchanges += 1
+        while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
+            _unlink(self._unlink_after.pop(0)[1])
         return result
 
     def _buffer(self, peer: int, nbytes: int) -> torch.Tensor:
@@ -174,6 +304,53 @@ class ControlMesh:
                 conn.close()
             except OSError:
                 pass
+        for _exchange, path in self._unlink_after:
+            _unlink(path)
+        self._unlink_after.clear()
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
+        for _version, segment in self._peer_segments.values():
+            segment.close()
+        self._peer_segments.clear()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class _Segment:
+    """A file in /dev/shm, mapped into this process; ``half`` is half its size."""
+
+    def __init__(self, path: str, size: int, create: bool) -> None:
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                try:
+                    # Reserve the pages now: a full tmpfs then fails here with
+                    # ENOSPC instead of killing the process with SIGBUS later.
+                    os.posix_fallocate(fd, 0, size)
+                except OSError:
+                    os.unlink(path)
+                    raise
+            else:
+                size = os.fstat(fd).st_size
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.half = size // 2
+        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+
+    def close(self) -> None:
+        del self.tensor
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a view is still alive; the mapping goes with it
 
 
 class _Outgoing:
@@ -205,7 +382,8 @@ class _Outgoing:
 class _Incoming:
     """One message being received from one peer: header, values, then payload."""
 
-    __slots__ = ("mesh", "peer", "n", "buf", "view", "got", "stage", "values", "payload")
+    __slots__ = ("mesh", "peer", "n", "buf", "view", "got", "stage", "values", "payload",
+                 "shared")
 
     def __init__(self, mesh: ControlMesh, peer: int, n: int) -> None:
         self.mesh, self.peer, self.n = mesh, peer, n
@@ -214,7 +392,8 @@ class _Incoming:
         self.got = 0
         self.stage = 0  # 0: header, 1: values, 2: payload, 3: done
         self.values: list[int] | None = None
-        self.payload: torch.Tensor | None = None
+        self.payload: torch.Tensor | None = None  # inline bytes still to read
+        self.shared: torch.Tensor | None = None  # bytes in the peer's segment
 
     def pull(self, conn: socket.socket) -> bool:
         """Reads what has arrived; True once the whole message is in."""
@@ -235,12 +414,14 @@ class _Incoming:
     def _advance(self) -> None:
         self.got = 0
         if self.stage == 0:
-            n, nbytes = _MESSAGE.unpack(self.buf)
+            n, nbytes, offset, version = _MESSAGE.unpack(self.buf)
             if n != self.n:
                 raise BackendError(
                     f"control mesh: rank {self.peer} sent {n} values, rank {self.mesh.rank} "
                     f"{self.n}; the ranks' caches diverged")
-            if nbytes:
+            if nbytes and version != _INLINE:
+                self.shared = self.mesh._peer_payload(self.peer, version, offset, nbytes)
+            elif nbytes:
                 self.payload = self.mesh._buffer(self.peer, nbytes)
             self.buf = bytearray(8 * n)
             self.view = memoryview(self.buf)
@@ -257,4 +438,4 @@ class _Incoming:
 
     def message(self) -> tuple[list[int], torch.Tensor | None]:
         assert self.values is not None
-        return self.values, self.payload
+        return self.values, self.shared if self.shared is not None else self.payload

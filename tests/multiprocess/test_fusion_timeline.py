@@ -16,14 +16,16 @@ SCENARIOS = Path(__file__).with_name("scenarios.py")
 import scenarios  # noqa: E402  (the test dir is on sys.path)
 
 
-# Mesh bytes 0 sends the cached rounds' data through Gloo and its fusion buffer;
-# 1 MiB (the default) lets them ride the agreement exchange.
-@pytest.mark.parametrize(("threshold", "mesh_bytes"), [
-    ("4096", "0"), ("0", "0"), (str(64 * 1024 * 1024), "0"), ("4096", str(1 << 20))])
-def test_fused_allreduces_of_mixed_dtypes_and_sizes(shared_coordinator, threshold, mesh_bytes):
+# Mesh 0 sends the cached rounds' data through Gloo and its fusion buffer;
+# 1 lets them ride the agreement exchange (shared memory on one machine).
+@pytest.mark.parametrize(("threshold", "mesh"), [
+    ("4096", "0"), ("0", "0"), (str(64 * 1024 * 1024), "0"), ("4096", "1")])
+def test_fused_allreduces_of_mixed_dtypes_and_sizes(shared_coordinator, threshold, mesh):
+    env = {"HORA_FUSION_THRESHOLD": threshold}
+    if mesh == "0":
+        env.update(HORA_MESH_ALLREDUCE_BYTES="0", HORA_SHM_ALLREDUCE_BYTES="0")
     results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS, "fusion_mix",
-                                            env={"HORA_FUSION_THRESHOLD": threshold,
-                                                 "HORA_MESH_ALLREDUCE_BYTES": mesh_bytes})]
+                                            env=env)]
     dtypes = [torch.float32, torch.float64, torch.float32, torch.int64, torch.float32,
               torch.float16, torch.float64, torch.int32]
     for rounds, specs in results:

@@ -32,14 +32,24 @@ def expected(key, size: int, step: int) -> torch.Tensor:
     return total / size if op == "Average" else total
 
 
-@pytest.mark.parametrize(("size", "mesh_bytes"), [(3, None), (2, None), (3, "0")])
+# Payloads through shared memory (the default on one machine), over the mesh's
+# sockets, or not at all (Gloo).
+TRANSPORTS = {
+    "shared-memory": {},
+    "sockets": {"HORA_SHM_ALLREDUCE_BYTES": "0"},
+    "gloo": {"HORA_SHM_ALLREDUCE_BYTES": "0", "HORA_MESH_ALLREDUCE_BYTES": "0"},
+}
+
+
+@pytest.mark.parametrize(("size", "transport"), [
+    (3, "shared-memory"), (2, "shared-memory"), (3, "sockets"), (2, "sockets"), (3, "gloo")])
 def test_every_dtype_and_op_matches_the_reference_on_every_rank(shared_coordinator, size,
-                                                                mesh_bytes):
-    env = {} if mesh_bytes is None else {"HORA_MESH_ALLREDUCE_BYTES": mesh_bytes}
+                                                                transport):
     results = [r.value for r in run_workers(shared_coordinator, size, SCENARIOS, "mesh_steps",
-                                            (list(DTYPES), OPS, STEPS), env=env)]
+                                            (list(DTYPES), OPS, STEPS),
+                                            env=TRANSPORTS[transport])]
     for rank, (steps, mesh_batches) in enumerate(results):
-        if mesh_bytes == "0":
+        if transport == "gloo":
             assert mesh_batches == 0, "the mesh reduced data although it was disabled"
         else:
             assert mesh_batches > 0, f"rank {rank}: no round carried its data"
@@ -52,9 +62,10 @@ def test_every_dtype_and_op_matches_the_reference_on_every_rank(shared_coordinat
                 assert torch.equal(actual, results[0][0][step][key]), (rank, step, key)
 
 
-def test_tensors_between_agreed_ones_in_a_payload_are_skipped(shared_coordinator):
+@pytest.mark.parametrize("transport", ["shared-memory", "sockets"])
+def test_tensors_between_agreed_ones_in_a_payload_are_skipped(shared_coordinator, transport):
     results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS, "mesh_gaps",
-                                            (STEPS,))]
+                                            (STEPS,), env=TRANSPORTS[transport])]
     for step in range(STEPS):
         for i in range(6):
             want = sum(make_input(r, torch.float32, (7,), salt=step + i) for r in range(2))

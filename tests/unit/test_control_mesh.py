@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
 
@@ -13,12 +14,13 @@ from hora_native import BackendError
 from hora_native.control import ControlMesh
 
 
-def build(size: int, timeout: float = 10.0) -> list[ControlMesh]:
+def build(size: int, timeout: float = 10.0, shared: bool = False) -> list[ControlMesh]:
     store = dist.HashStore()
     meshes: list[ControlMesh | None] = [None] * size
 
     def make(rank: int) -> None:
-        meshes[rank] = ControlMesh(store, rank, size, timedelta(seconds=timeout), "127.0.0.1")
+        meshes[rank] = ControlMesh(store, rank, size, timedelta(seconds=timeout), "127.0.0.1",
+                                   shared_memory=shared)
 
     run_all([lambda r=r: make(r) for r in range(size)])
     return meshes  # type: ignore[return-value]
@@ -48,15 +50,26 @@ def payload(rank: int, nbytes: int) -> torch.Tensor | None:
     return (torch.arange(nbytes, dtype=torch.int64) * (rank + 3) % 251).to(torch.uint8)
 
 
-def test_min_and_payloads_larger_than_socket_buffers_reach_every_rank():
-    meshes = build(3)
-    # 8 MiB each way at once would deadlock blocking sends; sizes differ per rank.
-    sizes = [8 << 20, 0, 12345]
-    for round_ in range(3):
+@pytest.mark.parametrize("shared", [False, True], ids=["sockets", "shared-memory"])
+def test_min_and_payloads_larger_than_socket_buffers_reach_every_rank(shared):
+    meshes = build(3, shared=shared)
+    assert all(m.shared == shared for m in meshes)
+
+    def send(rank, vector, nbytes):
+        data = payload(rank, nbytes)
+        if data is not None:  # written where the mesh wants it, as the engine does
+            buf = meshes[rank].payload_buffer(nbytes)
+            buf.copy_(data)
+            data = buf
+        return meshes[rank].exchange(vector, data)
+
+    # 8 MiB each way at once would deadlock blocking sends; sizes differ per
+    # rank and grow (a shared segment is replaced by a larger one).
+    for round_, sizes in enumerate([[8 << 20, 0, 12345], [100, 3 << 20, 0],
+                                    [8 << 20, 5, 20 << 20], [1, 2, 3]]):
         vectors = [[rank, 10 - rank, round_] for rank in range(3)]
         results, errors = run_all([
-            lambda r=r, v=vectors: meshes[r].exchange(v[r], payload(r, sizes[r]))
-            for r in range(3)])
+            lambda r=r, v=vectors, n=sizes: send(r, v[r], n[r]) for r in range(3)])
         assert errors == [None] * 3
         for got in results:
             for sender, (values, data) in enumerate(got):
@@ -94,3 +107,14 @@ def test_a_silent_peer_fails_the_exchange_at_the_timeout():
         meshes[0].exchange([1], payload(0, 100))
     for mesh in meshes:
         mesh.close()
+
+
+def test_shared_segments_leave_no_files_behind():
+    before = set(os.listdir("/dev/shm"))
+    meshes = build(2, shared=True)
+    for nbytes in (10, 5 << 20):
+        run_all([lambda r=r, n=nbytes: meshes[r].exchange([r], meshes[r].payload_buffer(n))
+                 for r in range(2)])
+    for mesh in meshes:
+        mesh.close()
+    assert set(os.listdir("/dev/shm")) <= before
