@@ -77,14 +77,22 @@ _RESPONSE_OP = {
 }
 
 
+# Guards the hand-over between a handle's completion and a thread starting to block on it.
+_HANDLE_LOCK = threading.Lock()
+
+
 class Handle:
     """The future of one enqueued collective."""
 
-    __slots__ = ("name", "_done", "_result", "_error", "driver")
+    __slots__ = ("name", "_finished", "_event", "_result", "_error", "driver")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._done = threading.Event()
+        self._finished = False
+        # Made only when a thread blocks on this handle: most handles are
+        # completed by the round their waiter runs, and an Event per tensor
+        # costs more than the rest of its bookkeeping.
+        self._event: threading.Event | None = None
         self._result: Any = None
         self._error: BaseException | None = None
         # Set by the engine for tensors its rounds run: a waiting caller runs
@@ -93,16 +101,23 @@ class Handle:
         self.driver: Callable[[Handle, float | None], None] | None = None
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._finished
+
+    def _complete(self) -> None:
+        with _HANDLE_LOCK:
+            self._finished = True
+            event = self._event
+        if event is not None:
+            event.set()
 
     def set_result(self, result: Any) -> None:
         self._result = result
-        self._done.set()
+        self._complete()
 
     def set_error(self, error: BaseException) -> None:
-        if not self._done.is_set():
+        if not self._finished:
             self._error = error
-            self._done.set()
+            self._complete()
 
     def wait(self, timeout: float | None = None) -> Any:
         """Returns the result, or raises the collective's error.
@@ -110,13 +125,18 @@ class Handle:
         Raises:
             TimeoutError: ``timeout`` seconds passed first.
         """
-        if self.driver is not None and not self._done.is_set():
+        if self.driver is not None and not self._finished:
             deadline = None if timeout is None else time.monotonic() + timeout
             self.driver(self, deadline)
             if deadline is not None:
                 timeout = max(0.0, deadline - time.monotonic())
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"tensor {self.name!r} did not complete within {timeout} s")
+        if not self._finished:
+            with _HANDLE_LOCK:
+                if not self._finished and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError(f"tensor {self.name!r} did not complete within {timeout} s")
         if self._error is not None:
             raise self._error
         return self._result
