@@ -14,19 +14,21 @@ all ranks without ever being exchanged.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 __all__ = ["ResponseCache", "Signature"]
 
 
-@dataclass(frozen=True)
-class Signature:
-    """What must match for a cached response to stand for a new request."""
+class Signature(NamedTuple):
+    """What must match for a cached response to stand for a new request.
+
+    A tuple: the engine makes one per enqueued tensor, and a tuple is several
+    times cheaper to build than a frozen dataclass.
+    """
 
     dtype: str
     shape: tuple[int, ...]
@@ -35,7 +37,7 @@ class Signature:
     prescale_factor: float
     postscale_factor: float
 
-    @functools.cached_property
+    @property
     def nbytes(self) -> int:
         """Bytes of one tensor with this signature."""
         return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
@@ -60,6 +62,8 @@ class ResponseCache:
         self._by_name: dict[str, int] = {}
         self._free: list[int] = []
         self._lru: OrderedDict[int, None] = OrderedDict()
+        # Bumped whenever a slot changes, so that derived data can be cached.
+        self.version = 0
 
     def __len__(self) -> int:
         """Number of slots in use or free (the width of a round's control vector)."""
@@ -87,6 +91,7 @@ class ResponseCache:
         """Caches ``name``; returns its slot and the slot evicted to make room, if any."""
         if self.capacity <= 0:
             raise ValueError("the response cache is disabled")
+        self.version += 1
         existing = self._by_name.get(name)
         if existing is not None:
             self._slots[existing] = (name, signature)
@@ -117,6 +122,7 @@ class ResponseCache:
         entry = self._slots[slot] if slot < len(self._slots) else None
         if entry is None:
             return None
+        self.version += 1
         self._slots[slot] = None
         del self._by_name[entry[0]]
         self._lru.pop(slot, None)

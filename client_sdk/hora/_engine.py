@@ -328,6 +328,8 @@ class Engine:
             self._payload_budget = (settings.shm_allreduce_bytes if self._mesh.shared
                                     else settings.mesh_allreduce_bytes // (world.size - 1))
         self._agreed_budget = 0
+        self._layouts: dict[tuple[int, ...], tuple[dict[int, int], int]] = {}
+        self._layouts_key = (-1, -1)
         self._note_heartbeat(client.heartbeat(world.generation))
         self._stream: NegotiationStream = client.open_stream(world.generation)
         self._threads = [
@@ -754,6 +756,19 @@ class Engine:
         budget = self._agreed_budget
         if self._mesh is None or budget <= 0:
             return {}, 0
+        slots = tuple(slots)
+        # The same tensors are ready round after round in training: keep the
+        # layouts until the cache or the budget changes.
+        if self._layouts_key != (self._cache.version, budget):
+            self._layouts.clear()
+            self._layouts_key = (self._cache.version, budget)
+        found = self._layouts.get(slots)
+        if found is None:
+            found = self._layouts[slots] = self._compute_layout(slots, budget)
+        return found
+
+    def _compute_layout(self, slots: tuple[int, ...], budget: int
+                        ) -> tuple[dict[int, int], int]:
         signature = self._cache.signature
         offsets, total, dtype = {}, 0, None
         for slot in slots:
@@ -780,17 +795,20 @@ class Engine:
             log.warning("rank %d: %s; this round's tensors go through Gloo", self.rank, exc)
             return None
         # Copy runs of tensors that lie back to back with one call each.
-        runs: list[tuple[int, int, list[torch.Tensor]]] = []  # (start, end, tensors)
+        runs: list[list[Any]] = []  # [start, end, tensors]
         for slot, entry in ready:
             offset = layout.get(slot)
             if offset is None:
                 continue
-            flat = entry.buffer.view(-1)
-            end = offset + flat.numel() * flat.element_size()
+            flat = entry.buffer
+            if flat.dim() != 1:
+                flat = flat.view(-1)
+            end = offset + flat.nbytes
             if runs and runs[-1][1] == offset and runs[-1][2][0].dtype == flat.dtype:
-                runs[-1] = (runs[-1][0], end, runs[-1][2] + [flat])
+                runs[-1][1] = end
+                runs[-1][2].append(flat)
             else:
-                runs.append((offset, end, [flat]))
+                runs.append([offset, end, [flat]])
         for start, end, tensors in runs:
             out = send[start:end].view(tensors[0].dtype)
             if len(tensors) == 1:
@@ -827,14 +845,10 @@ class Engine:
         # empties any slot.
         layouts = None
         if messages is not None and 2 in values:
-            by_values: dict[tuple[int, ...], dict[int, int]] = {}
             layouts = []
             for theirs, payload in messages:
-                key = tuple(theirs[:width])
-                if key not in by_values:
-                    by_values[key] = self._layout(
-                        [slot for slot, value in enumerate(key) if value == 2])
-                layout, total = by_values[key]
+                layout, total = self._layout(
+                    [slot for slot in range(width) if theirs[slot] == 2])
                 # A rank that could not send its payload sent none: its
                 # tensors go through Gloo, on every rank alike.
                 sent = payload is not None and payload.numel() == total
@@ -912,16 +926,19 @@ class Engine:
             self._activity(names, "QUEUE", "MESH_ALLREDUCE")
             first = entries[0]
             dtype = first.buffer.dtype
-            nbytes = sum(sig.nbytes for _slot, sig, _entry in batch)
+            outputs = [e.buffer if e.buffer.dim() == 1 else e.buffer.view(-1) for e in entries]
+            sizes = [out.numel() for out in outputs]
+            nbytes = sum(sizes) * first.buffer.element_size()
             # Each rank's contribution as one flat tensor: a view of its
             # payload when the batch lies back to back there (the usual case:
             # every rank was ready with the same tensors), else gathered.
             flats = []
-            first_slot, last_slot, last_sig = batch[0][0], batch[-1][0], batch[-1][1]
+            first_slot, last_slot = batch[0][0], batch[-1][0]
+            last_nbytes = outputs[-1].nbytes
             for (_values, payload), layout in zip(messages, layouts, strict=True):
                 assert payload is not None
                 start = layout[first_slot]
-                if layout[last_slot] + last_sig.nbytes - start == nbytes:
+                if layout[last_slot] + last_nbytes - start == nbytes:
                     flats.append(payload[start:start + nbytes].view(dtype))
                 else:
                     flats.append(torch.cat([payload[layout[slot]:layout[slot] + sig.nbytes]
@@ -943,8 +960,7 @@ class Engine:
                 reduce(acc, theirs)
             _scale(acc, post)
             if len(entries) > 1:
-                outputs = [entry.buffer.view(-1) for entry in entries]
-                torch._foreach_copy_(outputs, list(acc.split([o.numel() for o in outputs])))
+                torch._foreach_copy_(outputs, list(acc.split(sizes)))
             self._activity(names, "MESH_ALLREDUCE", None)
             for entry in entries:
                 self._finish(entry, entry.buffer)

@@ -36,9 +36,15 @@ class OpType(enum.IntEnum):
     JOIN = 7
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """The wire name of a torch dtype: ``torch.float32`` -> ``"float32"``."""
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def split_rows(rows: int, parts: int) -> list[int]:
