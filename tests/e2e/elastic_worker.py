@@ -1,7 +1,7 @@
 """An elastic training worker for the elastic acceptance tests and the recovery benchmark.
 
     elastic_worker.py OUT_DIR [--epochs E] [--kill-rank R --kill-step S] [--fail-on-host H]
-                      [--step-sleep SECONDS]
+                      [--step-sleep SECONDS] [--hold-at-step S --hold-until-size N]
 
 It trains a tiny model on a dataset of sample ids with TorchState and
 ElasticSampler, commits after every step, and keeps in the committed state
@@ -31,6 +31,10 @@ parser.add_argument("--kill-step", type=int, default=-1)
 parser.add_argument("--fail-on-host", default="")
 parser.add_argument("--step-sleep", type=float, default=0.0)
 parser.add_argument("--progress-every", type=int, default=5)
+# Pause at a step, committing, until the world has grown to a size (for tests
+# that add a host: training must not end before the newcomer arrives).
+parser.add_argument("--hold-at-step", type=int, default=-1)
+parser.add_argument("--hold-until-size", type=int, default=0)
 args = parser.parse_args()
 
 host = os.environ.get("HORA_HOSTNAME", socket.gethostname())
@@ -72,6 +76,14 @@ def train(state):
                     json.dump({"time": time.time(), "pid": os.getpid()}, f)
                 os.kill(os.getpid(), 9)  # mid-epoch, after the step, before its commit
             state.commit()
+            if state.steps == args.hold_at_step:
+                # Counted, not timed: every rank commits (a collective) as
+                # often as the others, until the reset that grows the world.
+                for _ in range(1200):
+                    if hvd.size() >= args.hold_until_size:
+                        break
+                    time.sleep(0.1)
+                    state.commit()
             if args.step_sleep:
                 time.sleep(args.step_sleep)
         state.epoch += 1

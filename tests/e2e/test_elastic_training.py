@@ -99,7 +99,8 @@ def test_kill_one_of_three_survivors_continue_from_their_last_commit(tmp_path):
 @pytest.mark.timeout(240)
 def test_new_host_joins_at_the_next_commit_and_the_world_grows(tmp_path):
     script, hosts = discovery(tmp_path, ["127.0.0.2:1", "127.0.0.3:1"])
-    proc = start(tmp_path, script, 2, 2, 3, ["--step-sleep", "0.05", "--epochs", "2"])
+    proc = start(tmp_path, script, 2, 2, 3, ["--step-sleep", "0.05", "--epochs", "2",
+                                             "--hold-at-step", "20", "--hold-until-size", "3"])
     wait_for_progress(tmp_path, 10, 90)
     hosts.write_text("127.0.0.2:1\n127.0.0.3:1\n127.0.0.4:1\n")
     out, err = finish(proc, 200)
