@@ -676,6 +676,13 @@ class Engine:
                 self._round_busy = True
             try:
                 self._round(background=False)
+            except BaseException as exc:
+                # A round cut short (Ctrl-C in the caller, say) may leave a
+                # peer's message unread: later rounds could not be matched.
+                self._fail(HorovodInternalError(
+                    f"rank {self.rank}: a round was interrupted ({exc!r}); this generation "
+                    f"cannot run further collectives"))
+                raise
             finally:
                 self._end_round()
 
