@@ -795,12 +795,7 @@ class Engine:
         if not layout:
             return None
         assert self._mesh is not None
-        try:
-            send = self._mesh.payload_buffer(total)
-        except BackendError as exc:
-            # Peers see that this rank sent nothing and use Gloo this round.
-            log.warning("rank %d: %s; this round's tensors go through Gloo", self.rank, exc)
-            return None
+        send = self._mesh.payload_buffer(total)
         # Copy runs of tensors that lie back to back with one call each.
         runs: list[list[Any]] = []  # [start, end, tensors]
         for slot, entry in ready:

@@ -31,6 +31,7 @@ higher ranks connect.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import select
@@ -49,6 +50,8 @@ from .base import BackendError
 __all__ = ["ControlMesh", "MAX_MESH_SIZE"]
 
 MAX_MESH_SIZE = 32
+
+log = logging.getLogger("hora")
 
 _HELLO = struct.Struct("<i")
 # A message: number of int64 values, payload bytes, where the payload lies in the
@@ -86,6 +89,7 @@ class ControlMesh:
         self._peer_segments: dict[int, tuple[int, _Segment]] = {}
         self._unlink_after: list[tuple[int, str]] = []
         self._exchanges = 0
+        self._shm_refused = 1 << 62  # the smallest payload /dev/shm had no room for
         seconds = timeout.total_seconds()
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -163,28 +167,37 @@ class ControlMesh:
         """Where to write the next exchange's payload (``nbytes``, uint8).
 
         In shared-memory mode this is the half of our segment that peers read
-        in place; otherwise a private buffer whose bytes go over TCP.
-
-        Raises:
-            BackendError: the shared segment could not grow (for example,
-                /dev/shm is full).
+        in place; otherwise, or when the segment cannot grow that far (a full
+        /dev/shm), a private buffer whose bytes go over TCP.
         """
-        if not self.shared:
-            send = self._send
-            if send is None or send.numel() < nbytes:
-                grown = max(nbytes, 2 * send.numel() if send is not None else 0)
-                send = self._send = torch.empty(grown, dtype=torch.uint8)
-            return send[:nbytes]
+        if self.shared and nbytes < self._shm_refused:
+            try:
+                return self._shared_buffer(nbytes)
+            except OSError as exc:
+                self._shm_refused = nbytes
+                log.warning("rank %d: no room in %s for a %d byte payload (%s); payloads "
+                            "this large go over the mesh's sockets instead", self.rank,
+                            _SHM_DIR, nbytes, exc)
+        send = self._send
+        if send is None or send.numel() < nbytes:
+            grown = max(nbytes, 2 * send.numel() if send is not None else 0)
+            send = self._send = torch.empty(grown, dtype=torch.uint8)
+        return send[:nbytes]
+
+    def _shared_buffer(self, nbytes: int) -> torch.Tensor:
         segment = self._segment
         if segment is None or segment.half < nbytes:
-            half = max(nbytes, 2 * segment.half if segment is not None else 1 << 20)
-            self._version += 1
-            path = f"{self._prefix}-{self.rank}-{self._version}"
-            try:
-                grown = _Segment(path, 2 * half, create=True)
-            except OSError as exc:
-                raise BackendError(f"control mesh: rank {self.rank} could not make a "
-                                   f"{2 * half} byte shared segment {path}: {exc}") from exc
+            # Grow geometrically; if there is no room for that, exactly.
+            wanted = max(nbytes, 2 * segment.half if segment is not None else 1 << 20)
+            for half in dict.fromkeys((wanted, nbytes)):
+                self._version += 1
+                path = f"{self._prefix}-{self.rank}-{self._version}"
+                try:
+                    grown = _Segment(path, 2 * half, create=True)
+                    break
+                except OSError:
+                    if half == nbytes:
+                        raise
             if segment is not None:
                 segment.close()  # peers keep their own mappings of it
             self._segment = segment = grown
