@@ -71,10 +71,13 @@ class ControlMesh:
         size: number of ranks.
         timeout: the longest one exchange, or the set-up, may take.
         address: the interface to listen on.
+        shared_memory: whether to use /dev/shm when every rank can.
+        shm_tag: names the job in segment file names (``hora-TAG-...``), so
+            that the launcher can remove what a killed worker left behind.
     """
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
-                 address: str, shared_memory: bool = True) -> None:
+                 address: str, shared_memory: bool = True, shm_tag: str = "") -> None:
         self.rank = rank
         self.size = size
         self._peers: dict[int, socket.socket] = {}
@@ -82,6 +85,7 @@ class ControlMesh:
         # new version), the peers' segments we mapped, and a segment of ours
         # to unlink once every peer has opened it.
         self.shared = False
+        self._shm_tag = shm_tag or "mesh"
         self._segment: _Segment | None = None
         self._version = -1
         self._prefix = ""
@@ -133,7 +137,7 @@ class ControlMesh:
         A rank that does not want shared memory takes part and says no.
         """
         token = uuid.uuid4().hex
-        self._prefix = os.path.join(_SHM_DIR, f"hora-{token}")
+        self._prefix = os.path.join(_SHM_DIR, f"hora-{self._shm_tag}-{token}")
         probe = f"{self._prefix}.probe"
         ok = 1 if wanted else 0
         try:

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .._shm import remove_leftovers
 from .args import ElasticConfig, LaunchConfig, parse_address, parse_args
 from .discovery import HostPoller, run_discovery_script
 from .elastic import ElasticPlanner, ElasticPolicy
@@ -294,6 +295,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
     finally:
         if coordinator is not None:
             coordinator.stop()
+        # Every worker has exited: shared segments a killed one left behind.
+        removed = remove_leftovers(config.job_id)
+        if removed and config.verbose:
+            _err(f"removed {len(removed)} shared-memory file(s) left by killed workers")
 
 if __name__ == "__main__":
     sys.exit(main())
