@@ -22,9 +22,10 @@ import collections
 import dataclasses
 import logging
 import queue
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -188,11 +189,9 @@ class Entry:
             group_id=self.group_id, group_size=self.group_size)
 
 
-# Element types the control mesh reduces itself (see Engine._run_mesh).
-_MESH_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                          torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
-
-_MESH_DTYPE_NAMES = frozenset(dtype_name(dtype) for dtype in _MESH_DTYPES)
+# Element types the control mesh reduces itself (see Engine._run_mesh), by wire name.
+_MESH_DTYPE_NAMES = frozenset({"float16", "bfloat16", "float32", "float64", "uint8", "int8",
+                               "int16", "int32", "int64"})
 
 # In-place reductions the engine applies to contributions it received itself.
 _REDUCE_INTO: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], Any]] = {
@@ -202,6 +201,23 @@ _REDUCE_INTO: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], Any]] = {
     ReduceOp.MAX: lambda acc, other: torch.maximum(acc, other, out=acc),
     ReduceOp.PRODUCT: torch.Tensor.mul_,
 }
+
+
+def _post_factor(entry: Entry, set_size: int) -> float:
+    """What a reduction's result is multiplied by: the postscale, over the set size
+    for an average."""
+    post = entry.postscale_factor
+    return post / set_size if entry.reduce_op == ReduceOp.AVERAGE else post
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dim() == 1 else tensor.view(-1)
+
+
+def _unpack(entries: list[Entry], fused: torch.Tensor) -> None:
+    """Copies a fused result back into the entries' buffers, in order."""
+    outputs = [_flat(entry.buffer) for entry in entries]
+    torch._foreach_copy_(outputs, list(fused.split([out.numel() for out in outputs])))
 
 
 def _scale(tensor: torch.Tensor, factor: float) -> None:
@@ -381,7 +397,7 @@ class Engine:
 
         A cached name whose signature changed is announced invalid, so that
         every rank drops the slot and asks the coordinator again. Called with
-        the lock held, by the round loop only.
+        the lock held, by the thread running the round.
         """
         misses = []
         for entry in self._unclassified:
@@ -702,10 +718,12 @@ class Engine:
         Every rank with work enters a round with a control vector: per cache
         slot 2 (ready here), 1 (not ready) or 0 (invalid here), then how many
         coordinator response lists it has received, whether its cache may be
-        used, and its fusion threshold. One MIN-allreduce gives every rank the
-        same answer: run the slots ready everywhere, drop the invalid ones,
-        run the coordinator lists every rank has. Ranks apply the same
-        results in the same order, so their caches never diverge.
+        used, and rank 0's fusion threshold, cycle time and payload budget; its
+        payload (see :meth:`_pack`) travels with it. The element-wise MIN
+        gives every rank the same answer: run the slots ready everywhere, drop
+        the invalid ones, run the coordinator lists every rank has. Ranks
+        apply the same results in the same order, so their caches never
+        diverge.
         """
         with self._lock:
             misses = self._classify()
@@ -755,8 +773,9 @@ class Engine:
 
         ``slots`` are the cache slots the rank marked ready, in ascending
         order. A tensor travels in the payload when it is a non-empty CPU
-        tensor of a dtype the mesh reduces and the payload, which each peer
-        receives a copy of, stays within ``mesh_allreduce_bytes``. Tensors
+        tensor of a dtype the mesh reduces and the payload stays within the
+        budget the last round agreed on (rank 0's: shared-memory bytes, or
+        socket bytes per peer; see ``__init__``). Tensors
         sit back to back in slot order; a change of dtype starts at the next
         8-byte boundary, so that each can be viewed in place. Every rank
         computes every rank's layout from its vector and the (identical)
@@ -887,13 +906,11 @@ class Engine:
         #    order through Gloo.
         if layouts is not None:
             assert messages is not None
-            carried = [item for item in ready if all(item[0] in lay for lay in layouts)]
-            if carried:
-                self._run_mesh(carried, messages, layouts)
-                if len(carried) < len(ready):
-                    ready = [item for item in ready if not all(item[0] in lay for lay in layouts)]
-                else:
-                    ready = []
+            carried, rest = [], []
+            for item in ready:
+                (carried if all(item[0] in lay for lay in layouts) else rest).append(item)
+            self._run_mesh(carried, messages, layouts)
+            ready = rest
         self._run_cached(ready, threshold)
         # 3. A rank has joined: stop using the cache until the join completes.
         if not usable and self._cache_on:
@@ -906,6 +923,28 @@ class Engine:
             for response in batch:
                 self._remember(response, self._execute(response))
 
+    def _batches(self, ready: list[tuple[int, Signature, Entry]], threshold: int
+                 ) -> Iterator[list[tuple[int, Signature, Entry]]]:
+        """Runs of ``ready`` (in slot order) that can share one fusion buffer: the same
+        fusion key, at most ``threshold`` bytes (a larger tensor goes alone). Their
+        names leave the pending table as each batch is handed out."""
+        i = 0
+        while i < len(ready):
+            key = ready[i][1].fusion_key
+            nbytes = ready[i][2].buffer.nbytes
+            j = i + 1
+            while j < len(ready) and ready[j][1].fusion_key == key:
+                nbytes += ready[j][2].buffer.nbytes
+                if nbytes > threshold:
+                    break
+                j += 1
+            batch = ready[i:j]
+            i = j
+            with self._lock:
+                for _slot, _sig, entry in batch:
+                    self._pending.pop(entry.name, None)
+            yield batch
+
     def _run_mesh(self, ready: list[tuple[int, Signature, Entry]],
                   messages: list[tuple[list[int], torch.Tensor | None]],
                   layouts: list[dict[int, int]]) -> None:
@@ -914,31 +953,19 @@ class Engine:
         Each rank combines the contributions in rank order, so every rank
         computes the same bits.
         """
-        i = 0
-        while i < len(ready):
-            key = ready[i][1].fusion_key
-            j = i + 1
-            while j < len(ready) and ready[j][1].fusion_key == key:
-                j += 1
-            batch = ready[i:j]
-            i = j
+        for batch in self._batches(ready, sys.maxsize):
             entries = [entry for _slot, _sig, entry in batch]
             names = [entry.name for entry in entries]
-            with self._lock:
-                for name in names:
-                    self._pending.pop(name, None)
             self._activity(names, "QUEUE", "MESH_ALLREDUCE")
             first = entries[0]
             dtype = first.buffer.dtype
-            outputs = [e.buffer if e.buffer.dim() == 1 else e.buffer.view(-1) for e in entries]
-            sizes = [out.numel() for out in outputs]
-            nbytes = sum(sizes) * first.buffer.element_size()
+            nbytes = sum(entry.buffer.nbytes for entry in entries)
             # Each rank's contribution as one flat tensor: a view of its
             # payload when the batch lies back to back there (the usual case:
             # every rank was ready with the same tensors), else gathered.
             flats = []
             first_slot, last_slot = batch[0][0], batch[-1][0]
-            last_nbytes = outputs[-1].nbytes
+            last_nbytes = entries[-1].buffer.nbytes
             for (_values, payload), layout in zip(messages, layouts, strict=True):
                 assert payload is not None
                 start = layout[first_slot]
@@ -947,11 +974,9 @@ class Engine:
                 else:
                     flats.append(torch.cat([payload[layout[slot]:layout[slot] + sig.nbytes]
                                             .view(dtype) for slot, sig, _entry in batch]))
-            pre, post = first.prescale_factor, first.postscale_factor
-            if first.reduce_op == ReduceOp.AVERAGE:
-                post /= self.size
+            pre = first.prescale_factor
             if len(entries) == 1:
-                acc = first.buffer.view(-1)
+                acc = _flat(first.buffer)
             else:
                 acc = self._fusion_buffer(dtype, first.buffer.device, nbytes // dtype.itemsize)
             acc.copy_(flats[0])
@@ -962,9 +987,9 @@ class Engine:
                     theirs = theirs.clone()
                     _scale(theirs, pre)
                 reduce(acc, theirs)
-            _scale(acc, post)
+            _scale(acc, _post_factor(first, self.size))
             if len(entries) > 1:
-                torch._foreach_copy_(outputs, list(acc.split(sizes)))
+                _unpack(entries, acc)
             self._activity(names, "MESH_ALLREDUCE", None)
             for entry in entries:
                 self._finish(entry, entry.buffer)
@@ -972,26 +997,13 @@ class Engine:
             self.mesh_batches += 1
 
     def _run_cached(self, ready: list[tuple[int, Signature, Entry]], threshold: int) -> None:
+        """Allreduces cached tensors through the data plane, fused up to ``threshold``."""
         group = self._sets[0]
-        i = 0
-        while i < len(ready):
-            _slot, signature, first = ready[i]
-            batch = [first]
-            nbytes = first.buffer.numel() * first.buffer.element_size()
-            i += 1
-            while i < len(ready) and ready[i][1].fusion_key == signature.fusion_key:
-                size = ready[i][2].buffer.numel() * ready[i][2].buffer.element_size()
-                if nbytes + size > threshold:
-                    break
-                batch.append(ready[i][2])
-                nbytes += size
-                i += 1
-            with self._lock:
-                for entry in batch:
-                    self._pending.pop(entry.name, None)
-            backend = self._backend(first.buffer.device.type, group)
-            self._allreduce(backend, batch, group.size)
-            self._tuned_bytes += nbytes
+        for batch in self._batches(ready, threshold):
+            entries = [entry for _slot, _sig, entry in batch]
+            backend = self._backend(entries[0].buffer.device.type, group)
+            self._allreduce(backend, entries, group.size)
+            self._tuned_bytes += sum(entry.buffer.nbytes for entry in entries)
 
     def _autotune_step(self) -> None:
         """Feeds rank 0's tuner one window of cached-allreduce throughput."""
@@ -1143,9 +1155,6 @@ class Engine:
 
     def _allreduce(self, backend: Any, entries: list[Entry], set_size: int) -> None:
         first = entries[0]
-        post = first.postscale_factor
-        if first.reduce_op == ReduceOp.AVERAGE:
-            post /= set_size
         kind = _NATIVE_REDUCE[first.reduce_op]
         names = [e.name for e in entries]
         self._activity(names, "QUEUE", None)
@@ -1161,14 +1170,13 @@ class Engine:
         self._activity(names, None, activity)
         _scale(buf, first.prescale_factor)
         backend.allreduce(buf, kind)
-        _scale(buf, post)
+        _scale(buf, _post_factor(first, set_size))
         self._activity(names, activity, None)
         if len(entries) == 1:
             self._finish(first, buf)
             return
         self._activity(names, None, "MEMCPY_OUT_FUSION_BUFFER")
-        outputs = [entry.buffer.view(-1) for entry in entries]
-        torch._foreach_copy_(outputs, list(buf.split([out.numel() for out in outputs])))
+        _unpack(entries, buf)
         self._activity(names, "MEMCPY_OUT_FUSION_BUFFER", None)
         for entry in entries:
             self._finish(entry, entry.buffer)
@@ -1206,13 +1214,10 @@ class Engine:
         set_size = group.size
         tensor = entry.buffer
         counts = split_rows(tensor.shape[0], set_size)
-        post = entry.postscale_factor
-        if entry.reduce_op == ReduceOp.AVERAGE:
-            post /= set_size
         _scale(tensor, entry.prescale_factor)
         output = tensor.new_empty((counts[group.index],) + tuple(tensor.shape[1:]))
         backend.reducescatter(output, tensor, _NATIVE_REDUCE[entry.reduce_op], counts)
-        _scale(output, post)
+        _scale(output, _post_factor(entry, set_size))
         self._finish(entry, output)
 
     # -- shutdown -------------------------------------------------------------

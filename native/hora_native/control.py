@@ -182,11 +182,8 @@ class ControlMesh:
                 log.warning("rank %d: no room in %s for a %d byte payload (%s); payloads "
                             "this large go over the mesh's sockets instead", self.rank,
                             _SHM_DIR, nbytes, exc)
-        send = self._send
-        if send is None or send.numel() < nbytes:
-            grown = max(nbytes, 2 * send.numel() if send is not None else 0)
-            send = self._send = torch.empty(grown, dtype=torch.uint8)
-        return send[:nbytes]
+        self._send = _at_least(self._send, nbytes)
+        return self._send[:nbytes]
 
     def _shared_buffer(self, nbytes: int) -> torch.Tensor:
         segment = self._segment
@@ -306,12 +303,8 @@ class ControlMesh:
         return result
 
     def _buffer(self, peer: int, nbytes: int) -> torch.Tensor:
-        """The reused receive buffer for ``peer``, at least ``nbytes`` long."""
-        buf = self._buffers.get(peer)
-        if buf is None or buf.numel() < nbytes:
-            buf = torch.empty(max(nbytes, 2 * buf.numel() if buf is not None else 0),
-                              dtype=torch.uint8)
-            self._buffers[peer] = buf
+        """The reused receive buffer for ``peer``, ``nbytes`` long."""
+        buf = self._buffers[peer] = _at_least(self._buffers.get(peer), nbytes)
         return buf[:nbytes]
 
     def close(self) -> None:
@@ -330,6 +323,14 @@ class ControlMesh:
         for _version, segment in self._peer_segments.values():
             segment.close()
         self._peer_segments.clear()
+
+
+def _at_least(buf: torch.Tensor | None, nbytes: int) -> torch.Tensor:
+    """``buf`` if it holds ``nbytes``, else a uint8 buffer grown geometrically."""
+    if buf is not None and buf.numel() >= nbytes:
+        return buf
+    return torch.empty(max(nbytes, 2 * buf.numel() if buf is not None else 0),
+                       dtype=torch.uint8)
 
 
 def _unlink(path: str) -> None:
