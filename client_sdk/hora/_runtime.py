@@ -11,6 +11,7 @@ import atexit
 import itertools
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ._client import CoordinatorClient
@@ -45,7 +46,7 @@ class Runtime:
             self.client.close()
             self._stop_local_coordinator()
             raise
-        self._names = itertools.count()
+        self._names: dict[tuple[str, int], Iterator[int]] = {}
         # Ranks add process sets in the same order, so the same counter gives the same ids.
         self.next_process_set_id = 1
 
@@ -76,9 +77,18 @@ class Runtime:
         """The newest host change the coordinator announced, and whether it only removed."""
         return self.engine.host_update_epoch()
 
-    def auto_name(self, op: str) -> str:
-        """Names an unnamed tensor the same way on every rank (call order is the same)."""
-        return f"{op}.noname.{next(self._names)}"
+    def auto_name(self, op: str, process_set_id: int = 0) -> str:
+        """Names an unnamed tensor the same way on every rank of its process set.
+
+        Counted per operation and set: ranks outside a set skip its
+        collectives, so one shared counter would drift apart between ranks.
+        """
+        key = (op, process_set_id)
+        counter = self._names.get(key)
+        if counter is None:
+            counter = self._names.setdefault(key, itertools.count())
+        scope = "" if process_set_id == 0 else f".set{process_set_id}"
+        return f"{op}{scope}.noname.{next(counter)}"
 
     def close(self, rejoin: bool = False) -> None:
         try:

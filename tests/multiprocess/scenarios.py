@@ -345,6 +345,20 @@ def use_before_init():
 # -- process sets and join -------------------------------------------------------
 
 
+def process_set_gradients():
+    """Gradients of allgather and of an averaging reducescatter inside the set {1, 2}."""
+    pset = hvd.add_process_set([1, 2])
+    out = None
+    if pset.included():
+        x = torch.ones(2, requires_grad=True)
+        (hvd.allgather(x, process_set=pset) * torch.arange(4.0)).sum().backward()
+        y = torch.ones(4, requires_grad=True)
+        hvd.reducescatter(y, op=hvd.Average, process_set=pset).sum().backward()
+        out = (x.grad, y.grad)
+    hvd.remove_process_set(pset)
+    return out
+
+
 def process_sets():
     """At 3 ranks: sets [0, 2] and [1] side by side, then back to the global set."""
     rank = hvd.rank()

@@ -62,3 +62,15 @@ def test_uneven_training_with_distributed_optimizer_and_join(shared_coordinator)
     assert last0 == last1 == 1
     for key in params0:
         assert torch.equal(params0[key], params1[key]), key
+
+
+def test_gradients_through_a_process_set_use_the_sets_rank_and_size(shared_coordinator):
+    results = [r.value for r in run_workers(shared_coordinator, 3, SCENARIOS,
+                                            "process_set_gradients")]
+    assert results[0] is None
+    for position, rank in enumerate((1, 2)):
+        x_grad, y_grad = results[rank]
+        # d/dx of sum(allgather(x) * w): both members' w, at this member's rows.
+        torch.testing.assert_close(x_grad, 2 * torch.arange(4.0)[2 * position:2 * position + 2])
+        # Averaged over the set's 2 members, not the world's 3 ranks.
+        torch.testing.assert_close(y_grad, torch.full((4,), 0.5))

@@ -60,12 +60,9 @@ class ProcessSet:
             else None
         self.process_set_id: int | None = None
 
-    def _resolved_ranks(self) -> list[int]:
-        return list(range(size())) if self.ranks is None else self.ranks
-
     def size(self) -> int:
         """Number of ranks in the set."""
-        return len(self._resolved_ranks())
+        return size() if self.ranks is None else len(self.ranks)
 
     def rank(self) -> int:
         """This process's position in the set.
@@ -73,14 +70,15 @@ class ProcessSet:
         Raises:
             ValueError: this process is not in the set.
         """
-        ranks = self._resolved_ranks()
-        if rank() not in ranks:
+        if self.ranks is None:  # the global set, whatever the world's size is now
+            return rank()
+        if rank() not in self.ranks:
             raise ValueError(f"rank {rank()} is not in {self}")
-        return ranks.index(rank())
+        return self.ranks.index(rank())
 
     def included(self) -> bool:
         """Whether this process is in the set."""
-        return rank() in self._resolved_ranks()
+        return self.ranks is None or rank() in self.ranks
 
     def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
@@ -323,8 +321,8 @@ def _submit(entry: Entry) -> int:
     return _register(runtime.engine.enqueue(entry))
 
 
-def _name(name: str | None, op: str) -> str:
-    return name if name else _runtime.current().auto_name(op)
+def _name(name: str | None, op: str, process_set: ProcessSet) -> str:
+    return name if name else _runtime.current().auto_name(op, process_set.process_set_id or 0)
 
 
 def _check_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -363,10 +361,10 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     tensor = _check_tensor(tensor)
     op = _op(op, average)
     if op == ReduceOp.ADASUM:
-        return _adasum_async_(tensor, _name(name, "allreduce"), prescale_factor,
+        return _adasum_async_(tensor, _name(name, "allreduce", process_set), prescale_factor,
                               postscale_factor, process_set)
     buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
-    return _submit(_allreduce_entry(tensor, buffer, _name(name, "allreduce"),
+    return _submit(_allreduce_entry(tensor, buffer, _name(name, "allreduce", process_set),
                                     op, prescale_factor, postscale_factor, process_set))
 
 
@@ -479,7 +477,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     if op == ReduceOp.ADASUM:
         raise ValueError("grouped_allreduce does not support op=hvd.Adasum; reduce the "
                          "tensors one by one")
-    base = _name(name, "grouped_allreduce")
+    base = _name(name, "grouped_allreduce", process_set)
     runtime = _runtime.current()
     # Derived from the name so that every rank computes the same id.
     group_id = zlib.crc32(base.encode()) + 1
@@ -556,7 +554,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
     tensor = _check_tensor(tensor).detach()
     if tensor.dim() == 0:
         tensor = tensor.reshape(1)
-    name = _name(name, "allgather")
+    name = _name(name, "allgather", process_set)
     return _submit(Entry(name=name, op_type=OpType.ALLGATHER, buffer=tensor.contiguous(),
                          handle=Handle(name), process_set_id=_check_process_set(process_set)))
 
@@ -575,7 +573,7 @@ class _AllgatherFunction(torch.autograd.Function):
                                                process_set=ctx.process_set))
         dims = synchronize(allgather_async(torch.tensor([ctx.dim0]),
                                            process_set=ctx.process_set))
-        offset = int(dims[: rank()].sum())
+        offset = int(dims[: ctx.process_set.rank()].sum())
         return grad_sum.narrow(0, offset, ctx.dim0), None, None
 
 
@@ -599,7 +597,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     """Starts overwriting ``tensor`` with the root rank's value, in place."""
     tensor = _check_tensor(tensor)
     buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
-    name = _name(name, "broadcast")
+    name = _name(name, "broadcast", process_set)
     return _submit(Entry(name=name, op_type=OpType.BROADCAST, buffer=buffer,
                          handle=Handle(name), root_rank=_check_root(root_rank, process_set),
                          process_set_id=_check_process_set(process_set),
@@ -663,7 +661,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
                 sum(split_list) != tensor.shape[0]:
             raise ValueError(f"alltoall splits {split_list} must have {world} non-negative "
                              f"entries summing to the first dimension {tensor.shape[0]}")
-    name = _name(name, "alltoall")
+    name = _name(name, "alltoall", process_set)
     return _submit(Entry(name=name, op_type=OpType.ALLTOALL, buffer=tensor, handle=Handle(name),
                          splits=split_list, process_set_id=_check_process_set(process_set)))
 
@@ -709,7 +707,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
     if op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX,
                   ReduceOp.PRODUCT):
         raise ValueError(f"reducescatter does not support op {op.name}")
-    name = _name(name, "reducescatter")
+    name = _name(name, "reducescatter", process_set)
     return _submit(Entry(name=name, op_type=OpType.REDUCESCATTER, buffer=tensor,
                          handle=Handle(name), reduce_op=op,
                          prescale_factor=float(prescale_factor),
@@ -728,7 +726,7 @@ class _ReducescatterFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         gathered = synchronize(allgather_async(grad.contiguous(), process_set=ctx.process_set))
-        scale = ctx.scale / (size() if ctx.op == ReduceOp.AVERAGE else 1)
+        scale = ctx.scale / (ctx.process_set.size() if ctx.op == ReduceOp.AVERAGE else 1)
         return gathered * scale, None, None, None, None, None
 
 
@@ -781,8 +779,7 @@ def join(device: int = -1) -> int:
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of the process set has reached it."""
-    runtime = _runtime.current()
-    name = runtime.auto_name("barrier")
+    name = _name(None, "barrier", process_set)
     synchronize(_submit(Entry(name=name, op_type=OpType.BARRIER,
                               buffer=torch.empty(0), handle=Handle(name),
                               process_set_id=_check_process_set(process_set))))
