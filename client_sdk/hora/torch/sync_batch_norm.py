@@ -131,8 +131,10 @@ class SyncBatchNorm(_BatchNorm):
     Every rank must build its ``SyncBatchNorm`` modules in the same order and call
     them in training mode the same number of times: each module takes an id from
     a process-wide counter when built, and its allreduces are named
-    ``sync_batch_norm.{id}.{call}`` (and ``...{call}.backward``), where ``call``
-    counts the module's synchronized forward passes.
+    ``sync_batch_norm.{id}`` (and ``sync_batch_norm.{id}.backward``). Each is
+    waited on before the next starts, so one name per module is enough, and
+    the same names every step let the response cache serve them without the
+    coordinator.
 
     Args:
         num_features: the number of channels ``C`` of the ``(N, C, *)`` input.
@@ -146,18 +148,12 @@ class SyncBatchNorm(_BatchNorm):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
-        self._sync_id = next(_module_ids)
-        self._sync_calls = 0
+        self._sync_name = f"sync_batch_norm.{next(_module_ids)}"
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input of shape (N, C, *), got "
                              f"{input.dim()}D input")
-
-    def _next_name(self) -> str:
-        name = f"sync_batch_norm.{self._sync_id}.{self._sync_calls}"
-        self._sync_calls += 1
-        return name
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
@@ -180,5 +176,5 @@ class SyncBatchNorm(_BatchNorm):
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 bn_training, factor, self.eps)
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, running_mean,
-                                            running_var, self.eps, factor, self._next_name(),
+                                            running_var, self.eps, factor, self._sync_name,
                                             _allreduce_sum)
