@@ -140,7 +140,11 @@ class CoordinatorClient:
             elastic_timeout_ms=int(s.elastic_timeout.total_seconds() * 1000),
         )
         # An elastic round may wait up to the elastic timeout for enough workers.
-        deadline = max(s.start_timeout, s.elastic_timeout) if s.min_size else s.start_timeout
+        deadline, setting = s.start_timeout, "HORA_START_TIMEOUT"
+        if s.is_elastic and s.elastic_timeout > deadline:
+            deadline, setting = s.elastic_timeout, "HORA_ELASTIC_TIMEOUT"
+        wanted = (f"at least {s.min_size or 1} workers" if s.is_elastic
+                  else f"the world of {s.size} workers")
         try:
             response = self._rendezvous.Join(
                 request, timeout=_seconds(deadline), metadata=self._metadata)
@@ -148,8 +152,8 @@ class CoordinatorClient:
             code = exc.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise RendezvousTimeoutError(
-                    f"job {s.job_id!r}: the world of {s.size} workers did not gather within "
-                    f"{deadline.total_seconds():g} s (HORA_START_TIMEOUT)") from exc
+                    f"job {s.job_id!r}: {wanted} did not gather within "
+                    f"{deadline.total_seconds():g} s ({setting})") from exc
             if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
                 raise RendezvousError(f"job {s.job_id!r}: join refused: {exc.details()}") from exc
             raise self._error(exc, "join") from exc

@@ -144,6 +144,11 @@ class Settings:
     max_size: int = 0
     elastic_timeout: timedelta = timedelta(seconds=600)
 
+    @property
+    def is_elastic(self) -> bool:
+        """Whether the job is elastic: min or max size given (the coordinator's rule too)."""
+        return self.min_size > 0 or self.max_size > 0
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Reads settings from ``environ`` (default ``os.environ``).
