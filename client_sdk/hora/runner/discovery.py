@@ -69,7 +69,14 @@ def run_discovery_script(script: str, default_slots: int = 1,
             # A grandchild outside the group still holds the pipes; the
             # script itself is dead, which is all that matters here.
             proc.kill()
-            proc.wait()
+            try:
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass  # unkillable (uninterruptible sleep): leave it
+        finally:
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
         raise DiscoveryError(f"{script!r} did not finish within {timeout:g} s") from None
     if proc.returncode != 0:
         tail = err.decode("utf-8", errors="replace").strip()[-_STDERR_TAIL:]
