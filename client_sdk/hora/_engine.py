@@ -37,7 +37,7 @@ from hora_native import BackendError, ReduceKind, backend_for_device, create_bac
 from ._cache import ResponseCache, Signature
 from ._client import CoordinatorClient, NegotiationStream
 from ._ops import OpType, ReduceOp, dtype_name, split_rows
-from ._shm import job_tag
+from ._shm import segment_prefix
 from ._store import CoordinatorStore
 from .autotune import Autotuner
 from .errors import (
@@ -336,7 +336,7 @@ class Engine:
                 settings.collective_timeout,
                 world.members[world.rank].data_plane_address or settings.data_plane_address,
                 shared_memory=settings.shm_allreduce_bytes > 0,
-                shm_tag=job_tag(settings.job_id))
+                shm_prefix=segment_prefix(settings.job_id))
         # The most payload bytes a rank sends with its control vector. Rank 0's
         # choice reaches everyone through the vector, since every rank must
         # compute every other rank's payload layout the same way; until the

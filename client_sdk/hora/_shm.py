@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["SHM_DIR", "job_tag", "remove_leftovers"]
+__all__ = ["SHM_DIR", "job_tag", "remove_leftovers", "segment_prefix"]
 
 SHM_DIR = "/dev/shm"
 
@@ -22,9 +22,14 @@ def job_tag(job_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
 
 
+def segment_prefix(job_id: str, directory: str = SHM_DIR) -> str:
+    """The path every shared segment file of the job starts with."""
+    return os.path.join(directory, f"hora-{job_tag(job_id)}-")
+
+
 def remove_leftovers(job_id: str, directory: str = SHM_DIR) -> list[str]:
     """Unlinks the job's segment files still in ``directory``; returns their names."""
-    prefix = f"hora-{job_tag(job_id)}-"
+    prefix = os.path.basename(segment_prefix(job_id, directory))
     removed = []
     try:
         names = os.listdir(directory)

@@ -59,7 +59,8 @@ _HELLO = struct.Struct("<i")
 # the values on the socket); then the values, then any inline payload.
 _MESSAGE = struct.Struct("<IQQq")
 _INLINE = -1
-_SHM_DIR = "/dev/shm"
+# Where segment files go unless the caller names a prefix (the engine does).
+_DEFAULT_SHM_PREFIX = "/dev/shm/hora-mesh-"
 
 
 class ControlMesh:
@@ -72,12 +73,14 @@ class ControlMesh:
         timeout: the longest one exchange, or the set-up, may take.
         address: the interface to listen on.
         shared_memory: whether to use /dev/shm when every rank can.
-        shm_tag: names the job in segment file names (``hora-TAG-...``), so
-            that the launcher can remove what a killed worker left behind.
+        shm_prefix: the path every segment file of this mesh starts with (the
+            engine names the job in it, so that the launcher can remove what
+            a killed worker left behind).
     """
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
-                 address: str, shared_memory: bool = True, shm_tag: str = "") -> None:
+                 address: str, shared_memory: bool = True,
+                 shm_prefix: str = _DEFAULT_SHM_PREFIX) -> None:
         self.rank = rank
         self.size = size
         self._peers: dict[int, socket.socket] = {}
@@ -85,7 +88,7 @@ class ControlMesh:
         # new version), the peers' segments we mapped, and a segment of ours
         # to unlink once every peer has opened it.
         self.shared = False
-        self._shm_tag = shm_tag or "mesh"
+        self._shm_prefix = shm_prefix
         self._segment: _Segment | None = None
         self._version = -1
         self._prefix = ""
@@ -137,7 +140,7 @@ class ControlMesh:
         A rank that does not want shared memory takes part and says no.
         """
         token = uuid.uuid4().hex
-        self._prefix = os.path.join(_SHM_DIR, f"hora-{self._shm_tag}-{token}")
+        self._prefix = f"{self._shm_prefix}{token}"
         probe = f"{self._prefix}.probe"
         ok = 1 if wanted else 0
         try:
@@ -181,7 +184,7 @@ class ControlMesh:
                 self._shm_refused = nbytes
                 log.warning("rank %d: no room in %s for a %d byte payload (%s); payloads "
                             "this large go over the mesh's sockets instead", self.rank,
-                            _SHM_DIR, nbytes, exc)
+                            os.path.dirname(self._shm_prefix), nbytes, exc)
         self._send = _at_least(self._send, nbytes)
         return self._send[:nbytes]
 
