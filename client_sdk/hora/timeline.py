@@ -50,6 +50,9 @@ __all__ = [
 
 logger = logging.getLogger("hora.timeline")
 
+# The longest close() waits for the writer thread to flush.
+_CLOSE_TIMEOUT_S = 30.0
+
 #: The collectives, by Horovod's names; ``op`` arguments take these or an enum
 #: member whose ``name`` is one (e.g. ``hora._ops.OpType.ALLREDUCE``).
 OPS = frozenset(
@@ -187,7 +190,6 @@ class Timeline:
         self._max_pending = max_pending
         self.dropped = 0
         self._closed = False
-        self._close_lock = threading.Lock()
         self._wake = threading.Event()
         # Writer-thread state: rows by tensor name, open events per row (a stack).
         self._rows: dict[str, int] = {}
@@ -285,12 +287,16 @@ class Timeline:
         dropped; the file stays a complete array either way.
         """
         atexit.unregister(self.close)
-        with self._close_lock:
-            self._closed = True
+        self._closed = True
         self._wake.set()
-        # Every closer waits, so none returns before the file is final.
+        # Every closer waits, so none returns before the file is final; a
+        # writer stuck in the file system (a full or hung disk) must not hold
+        # up the process's exit for ever.
         if threading.current_thread() is not self._writer:
-            self._writer.join()
+            self._writer.join(_CLOSE_TIMEOUT_S)
+            if self._writer.is_alive():
+                logger.warning("timeline %s: the writer did not finish within %g s; the "
+                               "file may lack its last events", self.path, _CLOSE_TIMEOUT_S)
 
     def __enter__(self) -> Timeline:
         return self
