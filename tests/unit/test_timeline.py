@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import os
 import random
@@ -333,6 +334,7 @@ def test_file_is_a_complete_array_between_flushes(tmp_path):
             time.sleep(0.01)
     finally:
         tl.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary files left
 
 
 @pytest.mark.unit
@@ -346,6 +348,8 @@ _KILLED_WRITER = textwrap.dedent(
     import sys, threading, time
     from datetime import timedelta
     from hora.timeline import Timeline
+
+    pause = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0  # between a thread's tensors
 
     tl = Timeline(sys.argv[1], 0, mark_cycles=True, flush_interval=timedelta(milliseconds=1))
 
@@ -362,6 +366,8 @@ _KILLED_WRITER = textwrap.dedent(
             tl.activity_end(name)
             tl.end(name)
             i += 1
+            if pause:
+                time.sleep(pause)
 
     for t in range(3):
         threading.Thread(target=work, args=(t,), daemon=True).start()
@@ -369,6 +375,36 @@ _KILLED_WRITER = textwrap.dedent(
     time.sleep(60)
     """
 )
+
+
+@pytest.mark.multiprocess
+def test_a_reader_never_sees_a_half_written_file(tmp_path):
+    # Horovod users open the trace while the job runs. A reader racing a write
+    # that spans pages used to see the file cut at a page boundary.
+    path = tmp_path / "live.json"
+    proc = subprocess.Popen(
+        # A steady few MB/s: batches of tens of KiB, each spanning pages.
+        [sys.executable, "-c", _KILLED_WRITER, str(path), "0.001"],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready"
+        reads, sizes = 0, set()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            text = path.read_text()
+            try:
+                json.loads(text)
+            except json.JSONDecodeError as exc:
+                pytest.fail(f"read {reads}: {len(text)} bytes are not JSON: {exc}")
+            reads += 1
+            sizes.add(len(text))
+        assert len(sizes) > 10, "the writer hardly wrote; the race was not exercised"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 @pytest.mark.multiprocess
@@ -397,3 +433,20 @@ def test_file_stays_valid_json_when_the_writer_is_killed(tmp_path):
         events = load(path)
         assert events[0]["name"] == "process_name"
         assert any(e["ph"] == "B" for e in events), f"attempt {attempt}: nothing written"
+
+
+@pytest.mark.unit
+def test_without_o_tmpfile_a_hidden_temporary_name_is_used_and_removed(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def no_tmpfile(path, flags, *args, **kwargs):
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(errno.EOPNOTSUPP, "no O_TMPFILE on this file system")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_tmpfile)
+    path = tmp_path / "t.json"
+    with Timeline(path, rank=3, flush_interval=FAST) as tl:
+        one_allreduce(tl, "grad")
+    assert ("B", "GLOO_ALLREDUCE") in rows(load(path))["grad"]
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]
