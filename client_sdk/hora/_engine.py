@@ -308,8 +308,7 @@ class Engine:
         if settings.autotune and world.rank == 0:
             self._tuner = Autotuner(log_file=settings.autotune_log or None,
                                     initial=(settings.fusion_threshold,
-                                             max(settings.cycle_time.total_seconds() * 1e3,
-                                                 0.5)))
+                                             settings.cycle_time.total_seconds() * 1e3))
         self._tuned_bytes = 0
         self._tuned_since = time.monotonic()
         self.timeline: Timeline | NullTimeline = NULL_TIMELINE

@@ -6,7 +6,7 @@ tuner answers which ``(fusion_threshold_bytes, cycle_time_ms)`` to run next,
 and after a fixed budget it freezes on the best setting it measured.
 
 Horovod fits a Gaussian process (Bayesian optimisation). Over a grid this
-small (8 thresholds x 5 cycle times) a coordinate descent is simpler,
+small (8 thresholds x 6 cycle times) a coordinate descent is simpler,
 deterministic and robust to noisy samples: starting from the default setting,
 measure every threshold at the current cycle time, move to the best, measure
 every cycle time at that threshold, move to the best, and so on until a full
@@ -35,8 +35,9 @@ MiB = 1024 * 1024
 
 #: The fusion thresholds tried by default, in bytes (1 to 128 MiB).
 FUSION_THRESHOLDS: tuple[int, ...] = tuple(m * MiB for m in (1, 2, 4, 8, 16, 32, 64, 128))
-#: The cycle times tried by default, in milliseconds.
-CYCLE_TIMES_MS: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0)
+#: The cycle times tried by default, in milliseconds; 0 (hora's default) agrees
+#: on whatever is ready at once.
+CYCLE_TIMES_MS: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)
 #: Header of the CSV log; one row per measured setting.
 LOG_COLUMNS = ("timestamp", "fusion_threshold_bytes", "cycle_time_ms", "score", "best")
 
@@ -66,7 +67,7 @@ class Autotuner:
             Truncated at construction.
         clock: Source of the log's timestamps.
         initial: The setting to start from; snapped to the nearest grid
-            point. Default: hora's defaults, 128 MiB and 1 ms.
+            point. Default: hora's defaults, 128 MiB and 0 ms.
         fusion_thresholds: Grid of thresholds in bytes.
         cycle_times_ms: Grid of cycle times in milliseconds.
         settle_samples: Windows discarded after each change of setting.
@@ -83,7 +84,7 @@ class Autotuner:
         log_file: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         *,
-        initial: tuple[int, float] = (128 * MiB, 1.0),
+        initial: tuple[int, float] = (128 * MiB, 0.0),
         fusion_thresholds: Sequence[int] = FUSION_THRESHOLDS,
         cycle_times_ms: Sequence[float] = CYCLE_TIMES_MS,
         settle_samples: int = 1,

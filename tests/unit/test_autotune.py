@@ -24,7 +24,8 @@ def peaked(best_mib: float, best_ms: float, peak: float = 8e9) -> Throughput:
 
     def throughput(threshold: int, cycle_ms: float) -> float:
         dt = math.log2(threshold / MiB) - math.log2(best_mib)
-        dc = math.log2(cycle_ms) - math.log2(best_ms)
+        # A cycle of 0 ms sits a step below the grid's smallest, 0.5 ms.
+        dc = math.log2(max(cycle_ms, 0.25)) - math.log2(max(best_ms, 0.25))
         return peak * math.exp(-(dt**2) / 8) * math.exp(-(dc**2) / 4)
 
     return throughput
@@ -49,7 +50,7 @@ def grid_optimum(throughput: Throughput) -> float:
 
 @pytest.mark.parametrize(
     ("best_mib", "best_ms"),
-    [(16, 2.0), (1, 10.0), (128, 0.5), (4, 1.0), (64, 5.0)],
+    [(16, 2.0), (1, 10.0), (128, 0.5), (4, 1.0), (64, 5.0), (2, 0.0), (128, 0.0)],
 )
 def test_finds_a_known_optimum_within_its_budget_and_freezes(best_mib, best_ms):
     throughput = peaked(best_mib, best_ms)
@@ -87,8 +88,8 @@ def test_budget_is_the_number_of_settings_measured():
     tuner = Autotuner(warmup_samples=2, samples_per_candidate=3, max_candidates=4)
     windows = drive(tuner, peaked(1, 10.0))  # far from the start: still improving at 4
     assert windows == 2 + 3 + 3 * (1 + 3)
-    # The first line walks the thresholds outward from 128 MiB at 1 ms.
-    assert tuner.best()[:2] == (16 * MiB, 1.0)
+    # The first line walks the thresholds outward from 128 MiB at 0 ms.
+    assert tuner.best()[:2] == (16 * MiB, 0.0)
 
 
 def test_warmup_and_settling_windows_are_discarded():
@@ -135,7 +136,7 @@ def test_log_file_has_a_row_per_measured_setting_and_marks_the_best(tmp_path):
     assert rows and list(rows[0]) == list(LOG_COLUMNS)
     settings = [(int(r["fusion_threshold_bytes"]), float(r["cycle_time_ms"])) for r in rows]
     assert len(set(settings)) == len(settings)  # each setting measured once
-    assert settings[0] == (128 * MiB, 1.0)  # hora's defaults first
+    assert settings[0] == (128 * MiB, 0.0)  # hora's defaults first
     assert [float(r["timestamp"]) for r in rows] == sorted(float(r["timestamp"]) for r in rows)
     for (threshold, cycle_ms), row in zip(settings, rows, strict=True):
         assert float(row["score"]) == pytest.approx(throughput(threshold, cycle_ms), rel=1e-5)
