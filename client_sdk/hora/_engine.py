@@ -604,10 +604,16 @@ class Engine:
                        if not e.stall_warned and now - e.enqueued_at > limit]
             for entry in stalled:
                 entry.stall_warned = True
+        if not stalled:
+            return
+        # The agreement round this rank is in names the peers it waits for.
+        waiting = self._mesh.waiting_for if self._mesh is not None else ()
+        missing = f"; ranks {sorted(waiting)} have not come to the agreement round" \
+            if waiting else ""
         for entry in stalled:
             log.warning("rank %d: tensor %r (negotiated before, agreed peer to peer) has "
-                        "waited more than %g s for the other ranks to submit it", self.rank,
-                        entry.name, limit)
+                        "waited more than %g s for the other ranks to submit it%s", self.rank,
+                        entry.name, limit, missing)
 
     # -- executors ------------------------------------------------------------
 

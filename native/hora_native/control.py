@@ -96,6 +96,10 @@ class ControlMesh:
         self._peer_segments: dict[int, tuple[int, _Segment]] = {}
         self._unlink_after: list[tuple[int, str]] = []
         self._exchanges = 0
+        #: The peers whose message the exchange in progress still lacks
+        #: (empty between exchanges); read by other threads to name the ranks
+        #: a stalled exchange waits for.
+        self.waiting_for: tuple[int, ...] = ()
         self._shm_refused = 1 << 62  # the smallest payload /dev/shm had no room for
         seconds = timeout.total_seconds()
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -277,6 +281,7 @@ class ControlMesh:
         sending = {peer: _Outgoing(conn, head, body) for peer, conn in self._peers.items()}
         receiving = {peer: _Incoming(self, peer, n) for peer in self._peers}
         deadline = time.monotonic() + self._timeout
+        self.waiting_for = tuple(receiving)
         try:
             for peer in list(sending):
                 if sending[peer].push():
@@ -297,9 +302,12 @@ class ControlMesh:
                     peer = self._peer_of[conn]
                     if receiving[peer].pull(conn):
                         result[peer] = receiving.pop(peer).message()
+                        self.waiting_for = tuple(receiving)
         except OSError as exc:
             raise BackendError(f"control mesh exchange failed on rank {self.rank}: {exc}") \
                 from exc
+        finally:
+            self.waiting_for = ()
         self._exchanges += 1
         while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
             _unlink(self._unlink_after.pop(0)[1])

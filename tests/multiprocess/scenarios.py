@@ -317,6 +317,14 @@ def stall(wait_s: float):
     return hvd.allreduce(torch.ones(2), name="slowpoke", op=hvd.Sum)
 
 
+def stall_cached(wait_s: float):
+    """Like :func:`stall`, for a tensor the ranks already agreed on once (cached)."""
+    hvd.allreduce(torch.ones(2), name="slowpoke", op=hvd.Sum)
+    if hvd.rank() != 0:
+        time.sleep(wait_s)
+    return hvd.allreduce(torch.ones(2), name="slowpoke", op=hvd.Sum)
+
+
 def init_only():
     import hora.torch as hvd_mod
 
