@@ -401,6 +401,31 @@ def process_sets():
     return out
 
 
+def process_set_misuse():
+    """At 2 ranks, each mistake made on rank 1 only; every rank must get the error."""
+    errors = []
+    bad = [0, 5] if hvd.rank() == 1 else [0, 1]  # rank 5 does not exist
+    try:
+        hvd.add_process_set(bad)
+    except ValueError as exc:
+        errors.append(str(exc))
+    pset = hvd.add_process_set([0, 1])
+    again = pset if hvd.rank() == 1 else hvd.ProcessSet([0, 1])  # added twice on rank 1
+    try:
+        hvd.add_process_set(again)
+    except ValueError as exc:
+        errors.append(str(exc))
+    target = hvd.global_process_set if hvd.rank() == 1 else pset
+    try:
+        hvd.remove_process_set(target)
+    except ValueError as exc:
+        errors.append(str(exc))
+    # Nothing was lost: the set still works and is removed cleanly afterwards.
+    total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="misuse.after", process_set=pset)
+    removed = hvd.remove_process_set(pset)
+    return errors, total, removed
+
+
 def uneven_join(op_name: str):
     """Rank r has 2 * (r + 1) batches; whoever runs out joins."""
     rank, size = hvd.rank(), hvd.size()

@@ -74,3 +74,16 @@ def test_gradients_through_a_process_set_use_the_sets_rank_and_size(shared_coord
         torch.testing.assert_close(x_grad, 2 * torch.arange(4.0)[2 * position:2 * position + 2])
         # Averaged over the set's 2 members, not the world's 3 ranks.
         torch.testing.assert_close(y_grad, torch.full((4,), 0.5))
+
+
+@pytest.mark.timeout(60)
+def test_a_process_set_mistake_on_one_rank_raises_on_every_rank(shared_coordinator):
+    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS,
+                                            "process_set_misuse", timeout=45)]
+    for errors, total, removed in results:
+        assert len(errors) == 3, errors
+        assert "rank 1" in errors[0] and "[0, 5]" in errors[0], errors[0]
+        assert "rank 1" in errors[1] and "already been added" in errors[1], errors[1]
+        assert "rank 1" in errors[2] and "global process set" in errors[2], errors[2]
+        torch.testing.assert_close(total, torch.full((1,), 2.0))
+        assert removed is True

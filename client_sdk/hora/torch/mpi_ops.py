@@ -107,42 +107,76 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Registers a process set; every rank of the world must call it, in the same order.
 
+    The ranks compare their calls before anything is registered, so a mistake
+    made on one rank raises the same ValueError on every rank instead of
+    leaving the others waiting.
+
     Returns:
         The registered set (the one given, or a new one for a list of ranks).
 
     Raises:
-        ValueError: the ranks are out of range, or ranks passed different sets.
+        ValueError: the ranks are out of range or repeated, the set was already
+            added, or ranks passed different sets (on any rank).
     """
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    if process_set.process_set_id is not None:
-        raise ValueError(f"{process_set} has already been added")
-    ranks = process_set.ranks
-    world = size()
-    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world for r in ranks):
-        raise ValueError(f"process set ranks {ranks} must be distinct ranks in [0, {world})")
+    problem = None
+    try:
+        if not isinstance(process_set, ProcessSet):
+            process_set = ProcessSet(process_set)
+    except (TypeError, ValueError) as exc:
+        problem = f"{process_set!r} is not a list of ranks: {exc}"
+    if problem is None:
+        problem = _process_set_problem(process_set)
     runtime = _runtime.current()
-    proposal = (runtime.next_process_set_id, ranks)
+    set_id = runtime.next_process_set_id
+    ranks = process_set.ranks if problem is None else None
     from .functions import allgather_object
 
-    proposals = allgather_object(proposal, name=f"add_process_set.{proposal[0]}")
-    if any(p != proposal for p in proposals):
-        detail = "; ".join(f"rank {r}: {p[1]}" for r, p in enumerate(proposals))
-        raise ValueError(f"ranks called add_process_set with different sets: {detail}")
-    runtime.engine.add_process_set(proposal[0], ranks)
+    calls = allgather_object((ranks, problem), name=f"add_process_set.{set_id}")
+    _raise_on_any_rank("add_process_set", calls)
+    runtime.engine.add_process_set(set_id, ranks)
     runtime.next_process_set_id += 1
-    process_set.process_set_id = proposal[0]
+    process_set.process_set_id = set_id
     return process_set
 
 
+def _process_set_problem(process_set: ProcessSet) -> str | None:
+    if process_set.process_set_id is not None:
+        return f"{process_set} has already been added"
+    ranks, world = process_set.ranks, size()
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world for r in ranks):
+        return f"process set ranks {ranks} must be distinct ranks in [0, {world})"
+    return None
+
+
+def _raise_on_any_rank(call: str, calls: list[tuple[Any, str | None]]) -> None:
+    """Raises on every rank alike when any rank's call was bad or the calls differ.
+
+    ``calls`` holds each rank's (argument, problem or None), in rank order.
+    """
+    problems = [f"rank {r}: {problem}" for r, (_arg, problem) in enumerate(calls) if problem]
+    if problems:
+        raise ValueError(f"{call} failed on every rank because of " + "; ".join(problems))
+    if any(arg != calls[0][0] for arg, _problem in calls):
+        detail = "; ".join(f"rank {r}: {arg}" for r, (arg, _problem) in enumerate(calls))
+        raise ValueError(f"ranks called {call} with different sets: {detail}")
+
+
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregisters a process set on every rank (all ranks call it). Returns whether it existed."""
-    if process_set is global_process_set or process_set.process_set_id == 0:
-        raise ValueError("the global process set cannot be removed")
-    if process_set.process_set_id is None:
+    """Unregisters a process set on every rank (all ranks call it). Returns whether it existed.
+
+    Raises:
+        ValueError: a rank passed the global set, or ranks passed different sets
+            (on every rank).
+    """
+    set_id = process_set.process_set_id
+    problem = "the global process set cannot be removed" \
+        if process_set is global_process_set or set_id == 0 else None
+    from .functions import allgather_object
+
+    _raise_on_any_rank("remove_process_set", allgather_object((set_id, problem)))
+    if set_id is None:
         return False
-    barrier()
-    _runtime.current().engine.remove_process_set(process_set.process_set_id)
+    _runtime.current().engine.remove_process_set(set_id)
     process_set.process_set_id = None
     return True
 
