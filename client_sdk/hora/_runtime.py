@@ -107,7 +107,7 @@ def init(settings: Settings | None = None) -> Runtime:
     global _runtime
     with _lock:
         if _runtime is None:
-            settings = settings or Settings.from_env()
+            settings = (settings or Settings.from_env()).with_reachable_address()
             level = settings.log_level.upper()
             # Horovod's level names, mapped onto logging's.
             level = {"TRACE": "DEBUG", "FATAL": "CRITICAL"}.get(level, level)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from hora._net import interface_address, route_source
+
 __all__ = ["Settings", "SettingsError", "ENV_VARS"]
 
 MiB = 1024 * 1024
@@ -60,7 +62,10 @@ ENV_VARS: tuple[_Var, ...] = (
     _Var("size", ("HORA_SIZE", "HOROVOD_SIZE"), int, "world size the launcher started"),
     _Var("rank", ("HORA_RANK", "HOROVOD_RANK"), int, "rank the launcher assigned"),
     _Var("hostname", ("HORA_HOSTNAME", "HOROVOD_HOSTNAME"), str, "host name for local ranks"),
-    _Var("data_plane_address", ("HORA_DATA_PLANE_ADDRESS",), str, "address Gloo binds to"),
+    _Var("data_plane_address", ("HORA_DATA_PLANE_ADDRESS",), str,
+         "address the data plane binds to; 'auto': the one that reaches the coordinator"),
+    _Var("network_interface", ("HORA_NETWORK_INTERFACE", "HOROVOD_GLOO_IFACE"), str,
+         "network interface whose address the data plane binds to (overrides the address)"),
     _Var("start_timeout", ("HORA_START_TIMEOUT", "HOROVOD_START_TIMEOUT"), _seconds,
          "seconds to wait for the world to gather"),
     _Var("connect_timeout", ("HORA_CONNECT_TIMEOUT",), _seconds,
@@ -115,6 +120,7 @@ class Settings:
     rank: int = -1
     hostname: str = dataclasses.field(default_factory=socket.gethostname)
     data_plane_address: str = "127.0.0.1"
+    network_interface: str = ""
     start_timeout: timedelta = timedelta(seconds=60)
     connect_timeout: timedelta = timedelta(seconds=15)
     collective_timeout: timedelta = timedelta(seconds=300)
@@ -143,6 +149,34 @@ class Settings:
     min_size: int = 0
     max_size: int = 0
     elastic_timeout: timedelta = timedelta(seconds=600)
+
+    def with_reachable_address(self) -> Settings:
+        """These settings with ``data_plane_address`` made concrete.
+
+        A named ``network_interface`` gives its address; ``auto`` gives the
+        address this machine uses to reach the coordinator (a job that spans
+        machines); anything else is kept.
+
+        Raises:
+            SettingsError: the interface has no IPv4 address, or the
+                coordinator's host cannot be resolved.
+        """
+        if self.network_interface:
+            try:
+                address = interface_address(self.network_interface)
+            except ValueError as exc:
+                raise SettingsError(f"HORA_NETWORK_INTERFACE: {exc}") from None
+        elif self.data_plane_address == "auto":
+            host = self.coordinator.rpartition(":")[0].strip("[]") or "127.0.0.1"
+            try:
+                address = route_source(host)
+            except OSError as exc:
+                raise SettingsError(
+                    f"HORA_DATA_PLANE_ADDRESS=auto: no route to the coordinator's host "
+                    f"{host!r}: {exc}") from None
+        else:
+            return self
+        return dataclasses.replace(self, data_plane_address=address)
 
     @property
     def is_elastic(self) -> bool:

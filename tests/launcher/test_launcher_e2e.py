@@ -307,12 +307,22 @@ def test_help(horarun: Run) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_remote_host_is_a_clear_error(horarun: Run) -> None:
-    result = horarun([*NO_COORDINATOR, "-np", "2", "-H", "localhost:1,gpu-node-7.invalid:1",
-                      "true"])
+def test_a_remote_host_ssh_cannot_reach_is_a_clear_error(horarun: Run, tmp_path: Path) -> None:
+    fake_ssh = Path(__file__).with_name("fake_ssh.py")
+    env = {**os.environ, "HORA_SSH_COMMAND": f"{sys.executable} {fake_ssh}"}
+    result = horarun([*NO_COORDINATOR, "-np", "2", "-H", "localhost:1,unreachable-7:1",
+                      "--network-interface", "lo", "true"], env=env)
+    assert result.returncode == 1
+    assert "cannot run commands over ssh on unreachable-7" in result.stderr
+    assert "password-less ssh" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(30)
+def test_an_unknown_network_interface_is_a_clear_error(horarun: Run) -> None:
+    result = horarun([*NO_COORDINATOR, "-np", "1", "--network-interface", "nosuch9", "true"])
     assert result.returncode == 2
-    assert "gpu-node-7.invalid is not this machine" in result.stderr
-    assert "remote launch over ssh is not implemented" in result.stderr
+    assert "--network-interface nosuch9" in result.stderr and "lo" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -76,6 +76,11 @@ class LaunchConfig:
         horovod_compat: put the ``horovod`` import shim on the workers' path.
         command: the worker command and its arguments.
         elastic: the elastic job's limits and host source; None for a fixed world.
+        network_interface: the interface every machine of the job listens on
+            (``--network-interface``), or None to pick the one that routes to
+            the coordinator.
+        ssh_port: ssh port for remote hosts, or None for ssh's default.
+        ssh_identity_file: ssh private key for remote hosts, or None.
     """
 
     num_proc: int
@@ -93,6 +98,9 @@ class LaunchConfig:
     prefix: bool = True
     horovod_compat: bool = False
     elastic: ElasticConfig | None = None
+    network_interface: str | None = None
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -120,6 +128,13 @@ def _address(text: str) -> str:
     return text
 
 
+def _interface(text: str) -> str:
+    first = text.split(",")[0].strip()
+    if not first:
+        raise argparse.ArgumentTypeError(f"expected an interface name such as eth0, got {text!r}")
+    return first
+
+
 def _int_in(low: int, high: int | None, what: str, bounds: str) -> Callable[[str], int]:
     """An argparse type: an integer in [low, high] (no upper bound when ``high`` is None)."""
     def parse(text: str) -> int:
@@ -136,6 +151,7 @@ def _int_in(low: int, high: int | None, what: str, bounds: str) -> Callable[[str
 _positive_int = _int_in(1, None, "an integer", "must be at least 1")
 _non_negative_int = _int_in(0, None, "an integer", "must be >= 0")
 _port = _int_in(0, 65535, "a port number", "port must be in 0..65535")
+_ssh_port = _int_in(1, 65535, "a port number", "port must be in 1..65535")
 
 
 def _non_negative_float(text: str) -> float:
@@ -185,6 +201,20 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
     hosts.add_argument("--host-discovery-script", metavar="SCRIPT",
                        help="elastic: shell command printing the available hosts, one "
                             "'HOST' or 'HOST:SLOTS' per line; run every second")
+
+    remote = parser.add_argument_group(
+        "other machines", "Hosts that are not this machine run their workers over "
+                          "password-less ssh ($HORA_SSH_COMMAND replaces 'ssh'), in the "
+                          "same working directory.")
+    remote.add_argument("--network-interface", "--network-interfaces", dest="network_interface",
+                        type=_interface, metavar="NIC",
+                        help="network interface the coordinator and every worker listen on, "
+                             "e.g. eth0 (horovodrun's comma-separated list: the first is "
+                             "used; default: the one that routes to the other hosts)")
+    remote.add_argument("-p", "--ssh-port", type=_ssh_port, metavar="PORT",
+                        help="ssh port of the remote hosts")
+    remote.add_argument("-i", "--ssh-identity-file", metavar="FILE",
+                        help="ssh private key for the remote hosts")
 
     elastic = parser.add_argument_group(
         "elastic", "An elastic job grows and shrinks between --min-np and --max-np "
@@ -364,6 +394,9 @@ def parse_args(argv: Sequence[str] | None = None,
         prefix=not ns.disable_prefix,
         horovod_compat=ns.horovod_compat,
         elastic=elastic,
+        network_interface=ns.network_interface,
+        ssh_port=ns.ssh_port,
+        ssh_identity_file=ns.ssh_identity_file,
     )
 
 

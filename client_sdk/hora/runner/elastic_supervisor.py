@@ -33,7 +33,6 @@ from .elastic import (
     StartWorker,
     StopWorker,
 )
-from .hosts import is_local_host
 from .procs import (
     GRACE_PERIOD,
     POLL_INTERVAL,
@@ -75,8 +74,6 @@ class ElasticSupervisor:
         argv: the worker command.
         output: starts workers and forwards their output; says messages.
         reporter: records events at the coordinator (None: not recorded).
-        is_local: whether a discovered host is this machine; other hosts are
-            ignored, with a message, since workers start only locally.
         grace_period: seconds between SIGTERM (or a forwarded signal) and SIGKILL.
         verbose: also announce the workers of the initial start.
         same_clock: the coordinator runs on this machine, so the times in its
@@ -88,7 +85,6 @@ class ElasticSupervisor:
     def __init__(self, planner: ElasticPlanner, poller: HostPoller,
                  make_env: Callable[[str], Mapping[str, str]], argv: Sequence[str], *,
                  output: WorkerOutput, reporter: EventReporter | None = None,
-                 is_local: Callable[[str], bool] = is_local_host,
                  grace_period: float = GRACE_PERIOD, verbose: bool = False,
                  same_clock: bool = True) -> None:
         self._planner = planner
@@ -97,7 +93,6 @@ class ElasticSupervisor:
         self._argv = list(argv)
         self._output = output
         self._reporter = reporter
-        self._is_local = is_local
         self._grace = grace_period
         self._verbose = verbose
         self._same_clock = same_clock
@@ -130,7 +125,7 @@ class ElasticSupervisor:
     def _start(self, action: StartWorker) -> None:
         try:
             proc = self._output.spawn(action.label, self._argv, self._make_env(action.host),
-                                      action.label, append=True)
+                                      action.label, host=action.host, append=True)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._apply(self._planner.worker_start_failed(action.worker_id, code, str(exc)))
@@ -163,15 +158,16 @@ class ElasticSupervisor:
         if latest is None or latest[0] == self._hosts_version:
             return
         self._hosts_version, hosts = latest
-        local = []
+        usable = []
         for host in hosts:
-            if self._is_local(host.hostname):
-                local.append(host)
+            if self._output.can_start_on(host.hostname):
+                usable.append(host)
             elif host.hostname not in self._ignored_hosts:
                 self._ignored_hosts.add(host.hostname)
-                self._output.say(f"discovered host {host.hostname} is not this machine; "
-                                 f"ignoring it (remote launch over ssh is not implemented)")
-        self._apply(self._planner.hosts_discovered(local))
+                self._output.say(f"discovered host {host.hostname} is not this machine, and "
+                                 f"the coordinator listens on loopback only; ignoring it "
+                                 f"(pass --network-interface to run across machines)")
+        self._apply(self._planner.hosts_discovered(usable))
 
     def _poll(self) -> None:
         for worker_id, proc in list(self._procs.items()):

@@ -43,6 +43,8 @@ def _environment(base: Mapping[str, str], *, hostname: str, rank: int, size: int
                  worker_settings: Mapping[str, Any] | None,
                  horovod_env: Mapping[str, str] | None) -> dict[str, str]:
     given = dict(worker_settings or {})
+    # A job across machines sets it for everyone ("auto"); else per host.
+    given.setdefault("data_plane_address", data_plane_address(hostname))
     settings = Settings(
         coordinator=coordinator,
         job_id=job_id,
@@ -50,7 +52,6 @@ def _environment(base: Mapping[str, str], *, hostname: str, rank: int, size: int
         size=size,
         rank=rank,
         hostname=hostname,
-        data_plane_address=data_plane_address(hostname),
         **given,
     )
     settings.validate()

@@ -8,7 +8,11 @@ build each worker's environment (:mod:`.env`), then start and supervise the
 workers (:mod:`.procs`). Exit codes: 0 when all workers succeed, the first
 failing worker's code otherwise (128+N for signal N), 130/143 when
 ``horarun`` is interrupted, 2 for usage errors, 1 when the embedded
-coordinator cannot start.
+coordinator cannot start or a remote host does not answer over ssh.
+
+Hosts that are not this machine run their workers over ssh (:mod:`.remote`);
+such a job's coordinator and data planes listen on a routable address
+instead of loopback (:func:`_network`).
 
 An elastic job (``--min-np``/``--max-np``/``--host-discovery-script``) takes
 its hosts from a discovery script (:mod:`.discovery`) or a fixed ``-H`` list,
@@ -18,12 +22,15 @@ and is supervised by :mod:`.elastic_supervisor` following the decisions of
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from .._net import interface_address, route_source
 from .._shm import remove_leftovers
 from .args import ElasticConfig, LaunchConfig, parse_address, parse_args
 from .discovery import HostPoller, run_discovery_script
@@ -40,11 +47,13 @@ from .hosts import (
     parse_hosts,
 )
 from .procs import Supervisor, WorkerOutput, WorkerSpec
+from .remote import RemoteShell, UnreachableHostError
 
 __all__ = ["horovodrun_main", "main", "resolve_hosts"]
 
 USAGE_ERROR = 2
 COORDINATOR_ERROR = 1
+UNREACHABLE_HOST = 1
 
 
 class _UsageError(Exception):
@@ -73,25 +82,74 @@ def resolve_hosts(config: LaunchConfig) -> list[HostSlots]:
     return [HostSlots("localhost", config.num_proc)]
 
 
-def _check_local(hostnames: Iterable[str]) -> None:
-    remote = sorted({name for name in hostnames if not is_local_host(name)})
-    if remote:
-        named = (f"host {remote[0]} is" if len(remote) == 1
-                 else f"hosts {', '.join(remote)} are")
-        raise _UsageError(
-            f"{named} not this machine; horarun can only start "
-            f"workers locally for now (remote launch over ssh is not implemented). "
-            f"Local hosts: localhost, 127.x.x.x, or this machine's name"
-        )
-
-
 def _placement(config: LaunchConfig) -> list[SlotInfo]:
     try:
-        slots = assign_ranks(resolve_hosts(config), config.num_proc)
+        return assign_ranks(resolve_hosts(config), config.num_proc)
     except HostError as exc:
         raise _UsageError(str(exc)) from exc
-    _check_local(s.hostname for s in slots)
-    return slots
+
+
+@dataclass(frozen=True)
+class _Network:
+    """Where the job's processes listen: loopback on one machine, else routable.
+
+    Attributes:
+        remote: how to start workers on other machines; None keeps the job
+            on this machine (and every listener on loopback).
+        bind_host: the address the embedded coordinator binds to.
+        advertised_host: the address workers are told to reach it at.
+        worker_settings: settings every worker gets for its data plane.
+    """
+
+    remote: RemoteShell | None = None
+    bind_host: str = "127.0.0.1"
+    advertised_host: str = "127.0.0.1"
+    worker_settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _facing(host: str) -> str:
+    """This machine's address toward ``host``; when ``host`` does not resolve here
+    (an alias in ~/.ssh/config, say), the address of the default route.
+
+    Raises:
+        OSError: neither exists.
+    """
+    try:
+        return route_source(host)
+    except OSError:
+        # TEST-NET-1: never routed anywhere, so this only asks for the default route.
+        return route_source("192.0.2.1")
+
+
+def _network(config: LaunchConfig, hostnames: Iterable[str]) -> _Network:
+    """Decides how the job's machines reach each other.
+
+    A job spans machines when a host is not this one, or when
+    ``--network-interface`` says so (an elastic job that may discover other
+    machines). Then the coordinator listens on every interface, and every
+    worker binds its data plane to the interface's address or to the one
+    facing the coordinator.
+
+    Raises:
+        _UsageError: the interface has no address here, or no route leads
+            to the first remote host.
+    """
+    remote_hosts = sorted({name for name in hostnames if not is_local_host(name)})
+    nic = config.network_interface
+    if not remote_hosts and nic is None:
+        return _Network()
+    try:
+        advertised = interface_address(nic) if nic is not None else _facing(remote_hosts[0])
+    except ValueError as exc:
+        raise _UsageError(f"--network-interface {nic}: {exc}") from exc
+    except OSError as exc:
+        raise _UsageError(
+            f"host {remote_hosts[0]} is not this machine, and no address of this machine "
+            f"reaches it ({exc}); name the interface to use with --network-interface") from exc
+    remote = RemoteShell.from_env(port=config.ssh_port, identity_file=config.ssh_identity_file)
+    settings = {"network_interface": nic} if nic is not None else \
+        {"data_plane_address": "auto"}
+    return _Network(remote, "0.0.0.0", advertised, settings)
 
 
 def _elastic_hosts(config: LaunchConfig,
@@ -109,7 +167,6 @@ def _elastic_hosts(config: LaunchConfig,
         hosts = resolve_hosts(config)
     except HostError as exc:
         raise _UsageError(str(exc)) from exc
-    _check_local(h.hostname for h in hosts)
     total = sum(h.slots for h in hosts)
     if total < elastic.min_np:
         raise _UsageError(f"--min-np {elastic.min_np} needs {elastic.min_np} slots but the "
@@ -118,14 +175,14 @@ def _elastic_hosts(config: LaunchConfig,
     return lambda: hosts
 
 
-def _start_coordinator(config: LaunchConfig) -> Any:
+def _start_coordinator(config: LaunchConfig, bind_host: str) -> Any:
     # Imported here, not at module level: a broken coordinator must not stop
     # `horarun --coordinator HOST:PORT`, nor hide a launcher bug.
     from hora_coordinator.server import EmbeddedCoordinator
     from hora_coordinator.settings import CoordinatorSettings
 
     coordinator = EmbeddedCoordinator(CoordinatorSettings(
-        host="127.0.0.1",
+        host=bind_host,
         grpc_port=0,
         http_port=config.coordinator_http_port,
         token=config.token,
@@ -181,7 +238,8 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str) ->
 
 
 def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
-                 find_hosts: Callable[[], list[HostSlots]], coordinator: str) -> int:
+                 find_hosts: Callable[[], list[HostSlots]], coordinator: str,
+                 remote: RemoteShell | None) -> int:
     # Here, not at module level: a static job never needs gRPC in this process.
     from .events import EventReporter
 
@@ -198,7 +256,7 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
             horovod_env=config.horovod_env,
         )
 
-    output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir)
+    output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir, remote=remote)
     planner = ElasticPlanner(ElasticPolicy(
         num_proc=config.num_proc,
         min_np=elastic.min_np,
@@ -248,11 +306,24 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
     try:
         if elastic is None:
             slots = _placement(config)
+            hostnames = [slot.hostname for slot in slots]
         else:
             find_hosts = _elastic_hosts(config, elastic)
+            # A fixed list is known now; a discovery script's hosts are not.
+            hostnames = [] if elastic.discovery_script is not None else \
+                [host.hostname for host in find_hosts()]
+        network = _network(config, hostnames)
     except _UsageError as exc:
         _err(f"error: {exc}")
         return USAGE_ERROR
+    if network.remote is not None:
+        config = dataclasses.replace(
+            config, worker_settings={**config.worker_settings, **network.worker_settings})
+        try:
+            network.remote.check(name for name in hostnames if not is_local_host(name))
+        except UnreachableHostError as exc:
+            _err(f"error: {exc}")
+            return UNREACHABLE_HOST
 
     if elastic is not None and config.verbose:
         upper = elastic.max_np if elastic.max_np is not None else "unlimited"
@@ -270,25 +341,26 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
     try:
         if address is None:
             try:
-                coordinator = _start_coordinator(config)
+                coordinator = _start_coordinator(config, network.bind_host)
             except Exception as exc:  # any failure here means "cannot embed"
                 _err(f"error: cannot start the embedded coordinator: "
                      f"{type(exc).__name__}: {exc}; start one with hora-coordinator "
                      f"and pass --coordinator HOST:PORT")
                 return COORDINATOR_ERROR
-            address = coordinator.grpc_address
-            _err(f"coordinator gRPC {address}, HTTP http://127.0.0.1:{coordinator.http_port}, "
-                 f"job {config.job_id}")
+            address = f"{network.advertised_host}:{coordinator.grpc_port}"
+            _err(f"coordinator gRPC {address}, HTTP "
+                 f"http://{network.advertised_host}:{coordinator.http_port}, job {config.job_id}")
         # With --coordinator, workers may start before it is reachable; they
         # retry within their connect timeout, so no check is made here.
         try:
             if elastic is not None and find_hosts is not None:
-                return _run_elastic(config, elastic, find_hosts, address)
+                return _run_elastic(config, elastic, find_hosts, address, network.remote)
             specs = _specs(config, slots, address)
         except _UsageError as exc:
             _err(f"error: {exc}")
             return USAGE_ERROR
-        return Supervisor(specs, prefix=config.prefix, output_dir=config.output_dir).run()
+        return Supervisor(specs, prefix=config.prefix, output_dir=config.output_dir,
+                          remote=network.remote).run()
     except KeyboardInterrupt:
         # Ctrl-C before the workers (and our handlers) were in place.
         return 130

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO, cast
 
+from .hosts import is_local_host
+from .remote import RemoteShell
+
 __all__ = [
     "GRACE_PERIOD",
     "POLL_INTERVAL",
@@ -168,11 +171,14 @@ class WorkerOutput:
         output_dir: also write each worker's output to ``DIR/NAME/stdout|stderr``.
         stdout: where worker stdout goes (default ``sys.stdout``).
         stderr: where worker stderr and launcher messages go (default ``sys.stderr``).
+        remote: how to start workers on other machines (None: this machine only).
     """
 
     def __init__(self, *, prefix: bool = True, output_dir: str | None = None,
-                 stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+                 stdout: TextIO | None = None, stderr: TextIO | None = None,
+                 remote: RemoteShell | None = None) -> None:
         self._prefix = prefix
+        self._remote = remote
         self._output_dir = Path(output_dir) if output_dir else None
         self._out = _Sink(stdout or sys.stdout)
         self._err = _Sink(stderr or sys.stderr)
@@ -182,15 +188,25 @@ class WorkerOutput:
         """Prints a launcher message (``horarun: ...``) on the error stream."""
         self._err.write(f"horarun: {message}\n")
 
+    def can_start_on(self, host: str) -> bool:
+        """Whether workers can be started on ``host``: this machine, or any over ssh."""
+        return self._remote is not None or is_local_host(host)
+
     def spawn(self, label: str, argv: Sequence[str], env: Mapping[str, str],
-              output_name: str, *, append: bool = False) -> subprocess.Popen[bytes]:
+              output_name: str, *, host: str = "localhost",
+              append: bool = False) -> subprocess.Popen[bytes]:
         """Starts one worker in its own session and forwards its output.
+
+        A worker on another machine is an ``ssh`` process (see
+        :mod:`.remote`) whose stdin stays open while it runs: closing it
+        stops the remote worker.
 
         Args:
             label: what prefixes the worker's lines, inside the brackets.
             argv: the command.
             env: its whole environment.
             output_name: its folder below ``output_dir``.
+            host: the machine to run it on.
             append: append to that folder's files instead of truncating them
                 (a replacement worker continuing its slot's log).
 
@@ -203,10 +219,16 @@ class WorkerOutput:
             folder = self._output_dir / output_name
             folder.mkdir(parents=True, exist_ok=True)
             copies = {name: folder / name for name in copies}
+        stdin: int = subprocess.DEVNULL
+        if not is_local_host(host):
+            if self._remote is None:
+                raise OSError(f"{host} is not this machine and remote starts are off")
+            argv = self._remote.worker_argv(host, argv, env, os.getcwd())
+            env, stdin = os.environ, subprocess.PIPE
         proc = subprocess.Popen(
             list(argv),
             env=dict(env),
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -283,15 +305,17 @@ class Supervisor:
         stdout: where prefixed worker stdout goes (default ``sys.stdout``).
         stderr: where prefixed worker stderr and launcher messages go
             (default ``sys.stderr``).
+        remote: how to start workers on other machines (None: this machine only).
     """
 
     def __init__(self, specs: Sequence[WorkerSpec], *, prefix: bool = True,
                  output_dir: str | None = None, grace_period: float = GRACE_PERIOD,
-                 stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+                 stdout: TextIO | None = None, stderr: TextIO | None = None,
+                 remote: RemoteShell | None = None) -> None:
         self._specs = list(specs)
         self._grace = grace_period
         self._output = WorkerOutput(prefix=prefix, output_dir=output_dir,
-                                    stdout=stdout, stderr=stderr)
+                                    stdout=stdout, stderr=stderr, remote=remote)
         self._signals = SignalRecorder()
         self._workers: list[_Worker] = []
         self._exit_code: int | None = None
@@ -325,7 +349,8 @@ class Supervisor:
 
     def _start(self, spec: WorkerSpec) -> bool:
         try:
-            proc = self._output.spawn(str(spec.rank), spec.argv, spec.env, f"rank.{spec.rank}")
+            proc = self._output.spawn(str(spec.rank), spec.argv, spec.env, f"rank.{spec.rank}",
+                                      host=spec.hostname)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._fail(code, f"cannot start rank {spec.rank} on {spec.hostname}: {exc}")

@@ -1,0 +1,157 @@
+"""Starting workers on other machines over ssh, as horovodrun does.
+
+A remote worker is a local ``ssh`` process whose remote command changes to
+the launcher's working directory, sets the worker's environment and runs the
+worker command under a small POSIX ``sh`` guard. The guard ties the remote
+worker's life to the ssh connection: it watches the connection's stdin,
+which ``horarun`` holds open and never writes, and when that closes (horarun
+stopped the ssh process, exited, or was killed, or the connection dropped)
+it sends the worker SIGTERM, then SIGKILL after a grace period. The worker's
+exit code comes back as ssh's (a death by signal N as 128+N).
+
+What every machine needs, as with horovodrun: the same working directory
+and command paths (a shared file system or identical installs), and
+password-less ssh from the launching machine. ``HORA_SSH_COMMAND`` replaces
+``ssh`` (for example ``"ssh -F ~/.ssh/cluster_config"``).
+
+The worker's environment travels on the remote command line, the job token
+included, so other users of a remote machine who can list its processes can
+read it there; run jobs across machines you trust.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["SSH_COMMAND_VAR", "RemoteShell", "UnreachableHostError"]
+
+SSH_COMMAND_VAR = "HORA_SSH_COMMAND"
+
+# Variables that describe the launching machine or shell, not the job: the
+# remote machine keeps its own.
+_LOCAL_ONLY = re.compile(
+    r"(HOSTNAME|HOST|PWD|OLDPWD|SHLVL|_|SHELL|HOME|USER|LOGNAME|MAIL|TMPDIR|TMP|TEMP"
+    r"|TERM|TERMCAP|COLUMNS|LINES|DISPLAY|XAUTHORITY|LS_COLORS|SSH_.*|BASH_FUNC_.*"
+    r"|XDG_.*|DBUS_.*)")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Runs "$@" as the worker and ends it when stdin (the ssh channel) closes.
+# fd 3 keeps the channel's stdin: an asynchronous command's stdin is
+# /dev/null in a shell without job control, unless redirected explicitly.
+_GUARD = """\
+exec 3<&0
+"$@" 3<&- </dev/null &
+worker=$!
+( read -r _ <&3; kill -TERM "$worker"; sleep {grace}; kill -KILL "$worker" ) \
+>/dev/null 2>&1 &
+watcher=$!
+exec 3<&-
+wait "$worker"
+code=$?
+kill "$watcher" 2>/dev/null
+exit "$code"
+"""
+
+
+class UnreachableHostError(RuntimeError):
+    """ssh could not run a command on one or more hosts; the message names them."""
+
+
+@dataclass(frozen=True)
+class RemoteShell:
+    """How to reach other machines: the ssh command and its options.
+
+    Attributes:
+        port: ssh port (``-p``), or None for ssh's default.
+        identity_file: private key (``-i``), or None.
+        connect_timeout: seconds ssh may take to connect.
+        grace_period: seconds between SIGTERM and SIGKILL for a remote worker
+            whose connection closed.
+        command: the ssh program and fixed arguments (``HORA_SSH_COMMAND``).
+    """
+
+    port: int | None = None
+    identity_file: str | None = None
+    connect_timeout: float = 10.0
+    grace_period: float = 5.0
+    command: tuple[str, ...] = ("ssh",)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **options: object
+                 ) -> RemoteShell:
+        """Options as given, the ssh program from ``HORA_SSH_COMMAND`` if set."""
+        env = os.environ if environ is None else environ
+        command = tuple(shlex.split(env.get(SSH_COMMAND_VAR, ""))) or ("ssh",)
+        return cls(command=command, **options)  # type: ignore[arg-type]
+
+    def ssh_argv(self, host: str, remote_command: str) -> list[str]:
+        """The local command that runs ``remote_command`` on ``host``."""
+        argv = [*self.command,
+                "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=no",
+                "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}"]
+        if self.port is not None:
+            argv += ["-p", str(self.port)]
+        if self.identity_file is not None:
+            argv += ["-i", self.identity_file]
+        return [*argv, host, remote_command]
+
+    def worker_argv(self, host: str, argv: Sequence[str], env: Mapping[str, str],
+                    cwd: str) -> list[str]:
+        """The local command that runs worker ``argv`` with ``env`` on ``host``.
+
+        The variables that describe the launching machine (``HOME``,
+        ``SSH_*``, ``PWD``, ...) are left out; the remote machine keeps its own.
+        """
+        exported = " ".join(f"{name}={shlex.quote(value)}"
+                            for name, value in sorted(env.items()) if _exportable(name))
+        guard = _GUARD.format(grace=max(1, round(self.grace_period)))
+        remote = (f"cd {shlex.quote(cwd)} || exit 1; exec env {exported} "
+                  f"/bin/sh -c {shlex.quote(guard)} hora-worker "
+                  f"{' '.join(shlex.quote(arg) for arg in argv)}")
+        return self.ssh_argv(host, remote)
+
+    def check(self, hosts: Iterable[str], env: Mapping[str, str] | None = None) -> None:
+        """Runs ``true`` on every host at once; fails naming each host that did not.
+
+        Raises:
+            UnreachableHostError: some host refused, timed out or failed;
+                with ssh's own message for each.
+        """
+        hosts = sorted(set(hosts))
+        if not hosts:
+            return
+        deadline = self.connect_timeout + 5.0
+        with concurrent.futures.ThreadPoolExecutor(min(16, len(hosts))) as pool:
+            answers = list(pool.map(lambda h: self._try(h, deadline, env), hosts))
+        failed = [f"{host}: {problem}" for host, problem in zip(hosts, answers, strict=True)
+                  if problem is not None]
+        if failed:
+            raise UnreachableHostError(
+                "cannot run commands over ssh on " + "; ".join(failed) +
+                ". Workers on other machines start over password-less ssh "
+                f"(set {SSH_COMMAND_VAR}, -p/--ssh-port or -i/--ssh-identity-file)")
+
+    def _try(self, host: str, deadline: float, env: Mapping[str, str] | None) -> str | None:
+        try:
+            done = subprocess.run(self.ssh_argv(host, "true"), stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=deadline, check=False,
+                                  env=None if env is None else dict(env))
+        except subprocess.TimeoutExpired:
+            return f"no answer within {deadline:g} s"
+        except OSError as exc:
+            return f"cannot run {self.command[0]!r}: {exc.strerror or exc}"
+        if done.returncode == 0:
+            return None
+        message = done.stderr.decode(errors="replace").strip().splitlines()
+        return f"exit code {done.returncode}" + (f" ({message[-1]})" if message else "")
+
+
+def _exportable(name: str) -> bool:
+    return _NAME.fullmatch(name) is not None and _LOCAL_ONLY.fullmatch(name) is None

@@ -1,0 +1,95 @@
+"""The ssh command lines horarun builds for workers on other machines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hora.runner.remote import RemoteShell
+
+pytestmark = pytest.mark.unit
+
+
+def run_remote(remote: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Runs a remote command as sshd would, with ``sh -c``; its stdin stays open,
+    as a live connection's does, until the command has exited."""
+    proc = subprocess.Popen(["/bin/sh", "-c", remote], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        proc.wait(timeout=30)
+        assert proc.stdout is not None and proc.stderr is not None
+        return proc.returncode, proc.stdout.read(), proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_ssh_options_come_before_the_host_and_the_command():
+    shell = RemoteShell(port=2222, identity_file="/keys/id", connect_timeout=7)
+    argv = shell.ssh_argv("h1", "true")
+    assert argv[0] == "ssh" and argv[-2:] == ["h1", "true"]
+    options = argv[1:-2]
+    assert options[options.index("-p") + 1] == "2222"
+    assert options[options.index("-i") + 1] == "/keys/id"
+    assert "BatchMode=yes" in options and "ConnectTimeout=7" in options
+
+
+def test_the_ssh_program_comes_from_hora_ssh_command():
+    shell = RemoteShell.from_env({"HORA_SSH_COMMAND": "ssh -F '/my dir/config'"}, port=22)
+    assert shell.ssh_argv("h1", "true")[:3] == ["ssh", "-F", "/my dir/config"]
+    assert RemoteShell.from_env({}).command == ("ssh",)
+
+
+def test_the_remote_command_keeps_arguments_and_job_variables_intact(tmp_path):
+    env = {
+        "HORA_TOKEN": "t0k'en $x",
+        "PYTHONPATH": "/shim:/site",
+        "HOME": "/home/launcher",
+        "SSH_AUTH_SOCK": "/tmp/agent",
+        "PWD": "/elsewhere",
+        "BASH_FUNC_x%%": "() { :; }",
+    }
+    script = ("import json, os, sys; print(json.dumps([sys.argv[1:], "
+              "{k: os.environ.get(k) for k in ('HORA_TOKEN', 'PYTHONPATH', 'HOME', "
+              "'SSH_AUTH_SOCK', 'PWD')}]))")
+    argv = [sys.executable, "-c", script, "two words", "it's", "$HOME", "*"]
+    remote = RemoteShell().worker_argv("h1", argv, env, str(tmp_path))[-1]
+    # Run the remote command as sshd would: the login shell's -c, a bare environment.
+    code, out, err = run_remote(remote, env={"PATH": "/usr/bin:/bin", "HOME": "/home/remote"})
+    assert code == 0, err
+    args, seen = json.loads(out)
+    assert args == ["two words", "it's", "$HOME", "*"]
+    assert seen["HORA_TOKEN"] == "t0k'en $x"
+    assert seen["PYTHONPATH"] == "/shim:/site"
+    # What describes the launching machine stays there.
+    assert seen["HOME"] == "/home/remote"
+    assert seen["SSH_AUTH_SOCK"] is None
+    assert seen["PWD"] == str(tmp_path)
+
+
+def test_the_remote_exit_code_comes_back(tmp_path):
+    remote = RemoteShell().worker_argv("h1", ["sh", "-c", "exit 7"], {}, str(tmp_path))[-1]
+    assert run_remote(remote)[0] == 7
+
+
+def test_closing_the_connection_terminates_the_worker(tmp_path):
+    remote = RemoteShell().worker_argv("h1", ["sleep", "30"], {}, str(tmp_path))[-1]
+    proc = subprocess.Popen(["/bin/sh", "-c", remote], stdin=subprocess.PIPE)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.close()  # what the remote side sees when ssh goes away
+        assert proc.wait(timeout=10) == 128 + 15  # the worker got SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_missing_working_directory_fails_instead_of_running_elsewhere(tmp_path):
+    missing = str(tmp_path / "not-on-this-host")
+    remote = RemoteShell().worker_argv("h1", ["true"], {}, missing)[-1]
+    code, _out, err = run_remote(remote)
+    assert code == 1
+    assert "not-on-this-host" in err
