@@ -2,18 +2,18 @@
 
 On one machine every process listens on loopback. Once a job spans machines,
 each process must listen on an address its peers can route to: the one of a
-named network interface (``--network-interface``, Horovod's
-``HOROVOD_GLOO_IFACE``), or else the address this machine would use to reach
-the coordinator, which the kernel's routing table answers without sending a
-packet.
+named network interface (the launcher's ``--network-interface``), or else
+the address this machine would use to reach the coordinator, which the
+kernel's routing table answers without sending a packet.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import fcntl
 import socket
 import struct
+import threading
+from typing import Any
 
 __all__ = ["interface_address", "interface_names", "route_source"]
 
@@ -53,17 +53,24 @@ def route_source(host: str, timeout: float = _RESOLVE_TIMEOUT_S) -> str:
         OSError: ``host`` does not resolve within ``timeout`` seconds, or no
             route leads to it.
     """
-    # getaddrinfo has no deadline of its own: a hung DNS server must not
-    # hang the caller.
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hora-resolve")
-    try:
-        future = pool.submit(socket.getaddrinfo, host, 9, socket.AF_INET, socket.SOCK_DGRAM)
+    # getaddrinfo has no deadline of its own: a hung DNS server must not hang
+    # the caller, nor (hence a daemon thread) hold up the process's exit.
+    answer: list[Any] = []
+
+    def resolve() -> None:
         try:
-            infos = future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            raise OSError(f"resolving {host!r} took more than {timeout:g} s") from None
-    finally:
-        pool.shutdown(wait=False)
+            answer.append(socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM))
+        except OSError as exc:
+            answer.append(exc)
+
+    thread = threading.Thread(target=resolve, name="hora-resolve", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not answer:
+        raise OSError(f"resolving {host!r} took more than {timeout:g} s")
+    if isinstance(answer[0], OSError):
+        raise answer[0]
+    infos = answer[0]
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.connect(infos[0][4])
         return str(sock.getsockname()[0])

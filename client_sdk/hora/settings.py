@@ -64,7 +64,7 @@ ENV_VARS: tuple[_Var, ...] = (
     _Var("hostname", ("HORA_HOSTNAME", "HOROVOD_HOSTNAME"), str, "host name for local ranks"),
     _Var("data_plane_address", ("HORA_DATA_PLANE_ADDRESS",), str,
          "address the data plane binds to; 'auto': the one that reaches the coordinator"),
-    _Var("network_interface", ("HORA_NETWORK_INTERFACE", "HOROVOD_GLOO_IFACE"), str,
+    _Var("network_interface", ("HORA_NETWORK_INTERFACE",), str,
          "network interface whose address the data plane binds to (overrides the address)"),
     _Var("start_timeout", ("HORA_START_TIMEOUT", "HOROVOD_START_TIMEOUT"), _seconds,
          "seconds to wait for the world to gather"),

@@ -51,9 +51,10 @@ def main(argv: list[str]) -> int:
     os.close(read_end)
 
     def relay_stdin() -> None:
-        # The remote side sees EOF when our stdin does (or when we die).
-        while os.read(0, 4096):
-            pass
+        # The remote side reads what we are sent, and sees EOF when our stdin
+        # does (or when we die).
+        while data := os.read(0, 4096):
+            os.write(write_end, data)
         os.close(write_end)
 
     threading.Thread(target=relay_stdin, daemon=True).start()

@@ -310,12 +310,21 @@ def test_help(horarun: Run) -> None:
 def test_a_remote_host_ssh_cannot_reach_is_a_clear_error(horarun: Run, tmp_path: Path) -> None:
     fake_ssh = Path(__file__).with_name("fake_ssh.py")
     env = {**os.environ, "HORA_SSH_COMMAND": f"{sys.executable} {fake_ssh}"}
-    result = horarun([*NO_COORDINATOR, "-np", "2", "-H", "localhost:1,unreachable-7:1",
-                      "--network-interface", "lo", "true"], env=env)
+    result = horarun(["--coordinator", "192.0.2.1:9", "-np", "2", "-H",
+                      "localhost:1,unreachable-7:1", "--network-interface", "lo", "true"], env=env)
     assert result.returncode == 1
     assert "cannot run commands over ssh on unreachable-7" in result.stderr
     assert "password-less ssh" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(30)
+def test_a_loopback_coordinator_with_remote_hosts_is_a_clear_error(horarun: Run) -> None:
+    result = horarun([*NO_COORDINATOR, "-np", "2", "-H", "localhost:1,node-a:1",
+                      "--network-interface", "lo", "true"])
+    assert result.returncode == 2
+    assert "--coordinator 127.0.0.1:1 is a loopback address" in result.stderr
+    assert "node-a cannot reach" in result.stderr
 
 
 @pytest.mark.timeout(30)

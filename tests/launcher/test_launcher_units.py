@@ -280,3 +280,31 @@ def test_supervisor_kills_workers_that_ignore_sigterm(tmp_path: Path) -> None:
     assert "rank 1 (pid" in messages and "exited with code 4; stopping the other 1 worker" \
         in messages
     assert "1 worker still running after 0.5 s; killing rank 0 (pid" in messages
+
+
+def test_a_job_on_one_machine_keeps_everything_on_loopback():
+    from hora.runner.launch import _network
+
+    network = _network(parse_args(["-np", "2", "-H", "localhost:1,127.0.0.2:1", "true"]),
+                       ["localhost", "127.0.0.2"])
+    assert (network.remote, network.host) == (None, "127.0.0.1")
+    assert network.worker_settings("localhost") == {}
+
+
+def test_a_job_across_machines_gives_every_worker_a_routable_address():
+    from hora.runner.launch import _network, _UsageError
+
+    config = parse_args(["-np", "2", "-H", "localhost:1,node-a:1", "true"])
+    try:
+        network = _network(config, ["localhost", "node-a"])
+    except _UsageError:
+        pytest.skip("node-a does not resolve and this machine has no default route")
+    assert network.remote is not None
+    # Workers here use the coordinator's address; elsewhere each finds its own.
+    assert network.worker_settings("localhost") == {"data_plane_address": network.host}
+    assert network.worker_settings("node-a") == {"data_plane_address": "auto"}
+    named = _network(parse_args(["-np", "2", "-H", "localhost:1,node-a:1",
+                                 "--network-interface", "lo,eth0", "true"]),
+                     ["localhost", "node-a"])
+    assert named.host == "127.0.0.1"
+    assert named.worker_settings("node-a") == {"network_interface": "lo"}

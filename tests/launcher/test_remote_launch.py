@@ -19,11 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher_helpers import HORARUN, NO_COORDINATOR, pid_gone
+from launcher_helpers import HORARUN, pid_gone
 
 pytestmark = pytest.mark.multiprocess
 
 FAKE_SSH = Path(__file__).with_name("fake_ssh.py")
+# For workers that never call hvd.init(): a coordinator nobody listens on,
+# at an address that is not loopback (which remote workers could not reach).
+NO_COORDINATOR = ["--coordinator", "192.0.2.1:9"]
 
 TRAIN = """
 import json, os, torch

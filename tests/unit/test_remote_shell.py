@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -13,11 +16,24 @@ from hora.runner.remote import RemoteShell
 pytestmark = pytest.mark.unit
 
 
-def run_remote(remote: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Runs a remote command as sshd would, with ``sh -c``; its stdin stays open,
-    as a live connection's does, until the command has exited."""
+def start_remote(argv: list[str], cwd: str, worker_env: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Runs a worker's remote command as sshd would (``sh -c``), and sends the
+    environment line first, as horarun does."""
+    remote = RemoteShell().worker_argv("h1", argv, cwd)[-1]
     proc = subprocess.Popen(["/bin/sh", "-c", remote], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError):  # it may have failed already
+        proc.stdin.write(RemoteShell.environment_line(worker_env or {}).decode())
+        proc.stdin.flush()
+    return proc
+
+
+def run_remote(argv: list[str], cwd: str, worker_env: dict[str, str] | None = None,
+               env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """:func:`start_remote`, with stdin open, as a live connection's is, until it exits."""
+    proc = start_remote(argv, cwd, worker_env, env)
     try:
         proc.wait(timeout=30)
         assert proc.stdout is not None and proc.stderr is not None
@@ -30,8 +46,8 @@ def run_remote(remote: str, env: dict[str, str] | None = None) -> tuple[int, str
 def test_ssh_options_come_before_the_host_and_the_command():
     shell = RemoteShell(port=2222, identity_file="/keys/id", connect_timeout=7)
     argv = shell.ssh_argv("h1", "true")
-    assert argv[0] == "ssh" and argv[-2:] == ["h1", "true"]
-    options = argv[1:-2]
+    assert argv[0] == "ssh" and argv[-3:] == ["--", "h1", "true"]
+    options = argv[1:-3]
     assert options[options.index("-p") + 1] == "2222"
     assert options[options.index("-i") + 1] == "/keys/id"
     assert "BatchMode=yes" in options and "ConnectTimeout=7" in options
@@ -56,9 +72,10 @@ def test_the_remote_command_keeps_arguments_and_job_variables_intact(tmp_path):
               "{k: os.environ.get(k) for k in ('HORA_TOKEN', 'PYTHONPATH', 'HOME', "
               "'SSH_AUTH_SOCK', 'PWD')}]))")
     argv = [sys.executable, "-c", script, "two words", "it's", "$HOME", "*"]
-    remote = RemoteShell().worker_argv("h1", argv, env, str(tmp_path))[-1]
-    # Run the remote command as sshd would: the login shell's -c, a bare environment.
-    code, out, err = run_remote(remote, env={"PATH": "/usr/bin:/bin", "HOME": "/home/remote"})
+    remote = RemoteShell().worker_argv("h1", argv, str(tmp_path))[-1]
+    assert "t0k" not in remote  # the token never shows on a command line
+    code, out, err = run_remote(argv, str(tmp_path), env,
+                                env={"PATH": "/usr/bin:/bin", "HOME": "/home/remote"})
     assert code == 0, err
     args, seen = json.loads(out)
     assert args == ["two words", "it's", "$HOME", "*"]
@@ -71,25 +88,37 @@ def test_the_remote_command_keeps_arguments_and_job_variables_intact(tmp_path):
 
 
 def test_the_remote_exit_code_comes_back(tmp_path):
-    remote = RemoteShell().worker_argv("h1", ["sh", "-c", "exit 7"], {}, str(tmp_path))[-1]
-    assert run_remote(remote)[0] == 7
+    assert run_remote(["sh", "-c", "exit 7"], str(tmp_path))[0] == 7
 
 
 def test_closing_the_connection_terminates_the_worker(tmp_path):
-    remote = RemoteShell().worker_argv("h1", ["sleep", "30"], {}, str(tmp_path))[-1]
-    proc = subprocess.Popen(["/bin/sh", "-c", remote], stdin=subprocess.PIPE)
+    # The worker starts a child of its own: stopping it must reach that too.
+    pid_file = tmp_path / "child.pid"
+    proc = start_remote(["sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait"], str(tmp_path))
     try:
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        child = int(pid_file.read_text())
         assert proc.stdin is not None
         proc.stdin.close()  # what the remote side sees when ssh goes away
         assert proc.wait(timeout=10) == 128 + 15  # the worker got SIGTERM
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{child}").exists() and \
+                Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] != "Z":
+            assert time.monotonic() < deadline, "the worker's child outlived it"
+            time.sleep(0.02)
     finally:
         proc.kill()
         proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def test_a_missing_working_directory_fails_instead_of_running_elsewhere(tmp_path):
     missing = str(tmp_path / "not-on-this-host")
-    remote = RemoteShell().worker_argv("h1", ["true"], {}, missing)[-1]
-    code, _out, err = run_remote(remote)
+    code, _out, err = run_remote(["true"], missing)
     assert code == 1
     assert "not-on-this-host" in err

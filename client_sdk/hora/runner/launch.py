@@ -22,12 +22,13 @@ and is supervised by :mod:`.elastic_supervisor` following the decisions of
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import ipaddress
 import os
+import socket
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .._net import interface_address, route_source
@@ -96,15 +97,23 @@ class _Network:
     Attributes:
         remote: how to start workers on other machines; None keeps the job
             on this machine (and every listener on loopback).
-        bind_host: the address the embedded coordinator binds to.
-        advertised_host: the address workers are told to reach it at.
-        worker_settings: settings every worker gets for its data plane.
+        host: the address of this machine the others reach: the embedded
+            coordinator binds to it, and workers here listen on it.
+        interface: the interface every machine listens on, if named.
     """
 
     remote: RemoteShell | None = None
-    bind_host: str = "127.0.0.1"
-    advertised_host: str = "127.0.0.1"
-    worker_settings: Mapping[str, Any] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    interface: str | None = None
+
+    def worker_settings(self, hostname: str) -> dict[str, Any]:
+        """The data-plane settings of a worker on ``hostname``."""
+        if self.remote is None:
+            return {}
+        if self.interface is not None:
+            return {"network_interface": self.interface}
+        # Here the address is known; elsewhere the worker finds its own.
+        return {"data_plane_address": self.host if is_local_host(hostname) else "auto"}
 
 
 def _facing(host: str) -> str:
@@ -126,20 +135,26 @@ def _network(config: LaunchConfig, hostnames: Iterable[str]) -> _Network:
 
     A job spans machines when a host is not this one, or when
     ``--network-interface`` says so (an elastic job that may discover other
-    machines). Then the coordinator listens on every interface, and every
-    worker binds its data plane to the interface's address or to the one
-    facing the coordinator.
+    machines). Then the coordinator listens on this machine's address of
+    that interface, or on its address toward the first remote host, and
+    every worker's data plane on its own machine's address.
 
     Raises:
-        _UsageError: the interface has no address here, or no route leads
-            to the first remote host.
+        _UsageError: the interface has no address here, no route leads to
+            the first remote host, or ``--coordinator`` is on loopback.
     """
     remote_hosts = sorted({name for name in hostnames if not is_local_host(name)})
     nic = config.network_interface
     if not remote_hosts and nic is None:
         return _Network()
+    if config.coordinator is not None and remote_hosts:
+        host = parse_address(config.coordinator)[0]
+        if is_local_host(host) and _loopback(host):
+            raise _UsageError(
+                f"--coordinator {config.coordinator} is a loopback address, which workers on "
+                f"{remote_hosts[0]} cannot reach; give an address of its machine that they can")
     try:
-        advertised = interface_address(nic) if nic is not None else _facing(remote_hosts[0])
+        address = interface_address(nic) if nic is not None else _facing(remote_hosts[0])
     except ValueError as exc:
         raise _UsageError(f"--network-interface {nic}: {exc}") from exc
     except OSError as exc:
@@ -147,9 +162,14 @@ def _network(config: LaunchConfig, hostnames: Iterable[str]) -> _Network:
             f"host {remote_hosts[0]} is not this machine, and no address of this machine "
             f"reaches it ({exc}); name the interface to use with --network-interface") from exc
     remote = RemoteShell.from_env(port=config.ssh_port, identity_file=config.ssh_identity_file)
-    settings = {"network_interface": nic} if nic is not None else \
-        {"data_plane_address": "auto"}
-    return _Network(remote, "0.0.0.0", advertised, settings)
+    return _Network(remote, address, nic)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 def _elastic_hosts(config: LaunchConfig,
@@ -217,7 +237,8 @@ def _base_env(config: LaunchConfig) -> dict[str, str]:
     return base
 
 
-def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str) -> list[WorkerSpec]:
+def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str,
+           network: _Network) -> list[WorkerSpec]:
     base = _base_env(config)
     return [
         WorkerSpec(
@@ -229,7 +250,8 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str) ->
                 coordinator=coordinator,
                 job_id=config.job_id,
                 token=config.token,
-                worker_settings=config.worker_settings,
+                worker_settings={**config.worker_settings,
+                                 **network.worker_settings(slot.hostname)},
                 horovod_env=config.horovod_env,
             ),
         )
@@ -239,7 +261,7 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str) ->
 
 def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
                  find_hosts: Callable[[], list[HostSlots]], coordinator: str,
-                 remote: RemoteShell | None) -> int:
+                 network: _Network) -> int:
     # Here, not at module level: a static job never needs gRPC in this process.
     from .events import EventReporter
 
@@ -252,11 +274,12 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
             coordinator=coordinator,
             job_id=config.job_id,
             token=config.token,
-            worker_settings=config.worker_settings,
+            worker_settings={**config.worker_settings, **network.worker_settings(host)},
             horovod_env=config.horovod_env,
         )
 
-    output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir, remote=remote)
+    output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir,
+                          remote=network.remote)
     planner = ElasticPlanner(ElasticPolicy(
         num_proc=config.num_proc,
         min_np=elastic.min_np,
@@ -316,14 +339,6 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
     except _UsageError as exc:
         _err(f"error: {exc}")
         return USAGE_ERROR
-    if network.remote is not None:
-        config = dataclasses.replace(
-            config, worker_settings={**config.worker_settings, **network.worker_settings})
-        try:
-            network.remote.check(name for name in hostnames if not is_local_host(name))
-        except UnreachableHostError as exc:
-            _err(f"error: {exc}")
-            return UNREACHABLE_HOST
 
     if elastic is not None and config.verbose:
         upper = elastic.max_np if elastic.max_np is not None else "unlimited"
@@ -339,23 +354,29 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
     coordinator = None
     address = config.coordinator
     try:
+        if network.remote is not None:
+            try:
+                network.remote.check(name for name in hostnames if not is_local_host(name))
+            except UnreachableHostError as exc:
+                _err(f"error: {exc}")
+                return UNREACHABLE_HOST
         if address is None:
             try:
-                coordinator = _start_coordinator(config, network.bind_host)
+                coordinator = _start_coordinator(config, network.host)
             except Exception as exc:  # any failure here means "cannot embed"
                 _err(f"error: cannot start the embedded coordinator: "
                      f"{type(exc).__name__}: {exc}; start one with hora-coordinator "
                      f"and pass --coordinator HOST:PORT")
                 return COORDINATOR_ERROR
-            address = f"{network.advertised_host}:{coordinator.grpc_port}"
-            _err(f"coordinator gRPC {address}, HTTP "
-                 f"http://{network.advertised_host}:{coordinator.http_port}, job {config.job_id}")
+            address = coordinator.grpc_address
+            _err(f"coordinator gRPC {address}, HTTP http://{network.host}:"
+                 f"{coordinator.http_port}, job {config.job_id}")
         # With --coordinator, workers may start before it is reachable; they
         # retry within their connect timeout, so no check is made here.
         try:
             if elastic is not None and find_hosts is not None:
-                return _run_elastic(config, elastic, find_hosts, address, network.remote)
-            specs = _specs(config, slots, address)
+                return _run_elastic(config, elastic, find_hosts, address, network)
+            specs = _specs(config, slots, address, network)
         except _UsageError as exc:
             _err(f"error: {exc}")
             return USAGE_ERROR

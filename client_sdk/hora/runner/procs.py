@@ -152,6 +152,15 @@ class _Reader(threading.Thread):
             self._pipe.close()
 
 
+def _feed(pipe: BinaryIO, data: bytes) -> None:
+    """Writes ``data`` and leaves ``pipe`` open; a worker already gone is not an error."""
+    try:
+        pipe.write(data)
+        pipe.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def signal_group(pid: int, signum: int) -> None:
     """Sends ``signum`` to the process group led by ``pid``, if it still exists."""
     try:
@@ -220,10 +229,12 @@ class WorkerOutput:
             folder.mkdir(parents=True, exist_ok=True)
             copies = {name: folder / name for name in copies}
         stdin: int = subprocess.DEVNULL
+        first_input = b""
         if not is_local_host(host):
             if self._remote is None:
                 raise OSError(f"{host} is not this machine and remote starts are off")
-            argv = self._remote.worker_argv(host, argv, env, os.getcwd())
+            argv = self._remote.worker_argv(host, argv, os.getcwd())
+            first_input = self._remote.environment_line(env)
             env, stdin = os.environ, subprocess.PIPE
         proc = subprocess.Popen(
             list(argv),
@@ -241,6 +252,11 @@ class WorkerOutput:
             reader = _Reader(label, name, pipe, sink, self._prefix, copies[name], append)
             reader.start()
             self._readers.append(reader)
+        if first_input:
+            # From a thread: ssh reads it only once connected. The pipe then
+            # stays open for as long as the Popen object lives.
+            threading.Thread(target=_feed, args=(cast(BinaryIO, proc.stdin), first_input),
+                             name=f"horarun-stdin-{label}", daemon=True).start()
         return proc
 
     def drain(self) -> None:

@@ -1,26 +1,33 @@
 """Starting workers on other machines over ssh, as horovodrun does.
 
 A remote worker is a local ``ssh`` process whose remote command changes to
-the launcher's working directory, sets the worker's environment and runs the
-worker command under a small POSIX ``sh`` guard. The guard ties the remote
-worker's life to the ssh connection: it watches the connection's stdin,
-which ``horarun`` holds open and never writes, and when that closes (horarun
-stopped the ssh process, exited, or was killed, or the connection dropped)
-it sends the worker SIGTERM, then SIGKILL after a grace period. The worker's
-exit code comes back as ssh's (a death by signal N as 128+N).
+the launcher's working directory and runs a small POSIX ``sh`` guard:
+
+- **Environment over stdin.** The guard's first input line is the worker's
+  environment, as base64 of ``export NAME='value'`` lines, which ``horarun``
+  writes to the ssh process's stdin. The job token never appears on a command
+  line on either machine, and no size limit on one argument applies.
+- **One session per worker.** The worker runs in a session of its own
+  (``setsid``, where the machine has it), so that stopping it reaches
+  whatever it started too.
+- **Tied to the connection.** ``horarun`` holds the rest of stdin open and
+  never writes to it again. When it closes (horarun stopped the ssh
+  process, exited or was killed, or the connection dropped), the guard sends
+  the worker's session SIGTERM, then SIGKILL after a grace period.
+- **Exit code.** The worker's exit code comes back as ssh's (a death by
+  signal N as 128+N). What the worker leaves running when it exits gets
+  SIGTERM, so that nothing holds the connection open.
 
 What every machine needs, as with horovodrun: the same working directory
-and command paths (a shared file system or identical installs), and
-password-less ssh from the launching machine. ``HORA_SSH_COMMAND`` replaces
-``ssh`` (for example ``"ssh -F ~/.ssh/cluster_config"``).
-
-The worker's environment travels on the remote command line, the job token
-included, so other users of a remote machine who can list its processes can
-read it there; run jobs across machines you trust.
+and command paths (a shared file system or identical installs), ``sh`` and
+``base64``, and password-less ssh from the launching machine.
+``HORA_SSH_COMMAND`` replaces ``ssh`` (for example
+``"ssh -F ~/.ssh/cluster_config"``).
 """
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import os
 import re
@@ -38,25 +45,29 @@ SSH_COMMAND_VAR = "HORA_SSH_COMMAND"
 _LOCAL_ONLY = re.compile(
     r"(HOSTNAME|HOST|PWD|OLDPWD|SHLVL|_|SHELL|HOME|USER|LOGNAME|MAIL|TMPDIR|TMP|TEMP"
     r"|TERM|TERMCAP|COLUMNS|LINES|DISPLAY|XAUTHORITY|LS_COLORS|SSH_.*|BASH_FUNC_.*"
-    r"|XDG_.*|DBUS_.*)")
+    r"|XDG_RUNTIME_DIR|XDG_SESSION_.*|DBUS_.*|KRB5CCNAME)")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-# Runs "$@" as the worker and ends it when stdin (the ssh channel) closes.
-# fd 3 keeps the channel's stdin: an asynchronous command's stdin is
-# /dev/null in a shell without job control, unless redirected explicitly.
-_GUARD = """\
-exec 3<&0
-"$@" 3<&- </dev/null &
-worker=$!
-( read -r _ <&3; kill -TERM "$worker"; sleep {grace}; kill -KILL "$worker" ) \
->/dev/null 2>&1 &
-watcher=$!
-exec 3<&-
-wait "$worker"
-code=$?
-kill "$watcher" 2>/dev/null
-exit "$code"
-"""
+# Reads the environment line, runs "$@" as the worker in a session of its own,
+# and ends that session when stdin (the ssh channel) closes. fd 3 keeps the
+# channel's stdin: an asynchronous command's stdin is /dev/null in a shell
+# without job control, unless redirected explicitly. One line, for login
+# shells that refuse newlines inside quotes.
+_GUARD = (
+    'IFS= read -r hora_env || exit 1; '
+    'eval "$(printf %s "$hora_env" | base64 -d)" || exit 1; unset hora_env; '
+    'exec 3<&0; '
+    'if command -v setsid >/dev/null 2>&1; '
+    'then setsid "$@" 3<&- </dev/null & else "$@" 3<&- </dev/null & fi; '
+    'worker=$!; '
+    '( read -r _ <&3; '
+    'kill -s TERM -- -"$worker" 2>/dev/null || kill -s TERM "$worker"; sleep {grace}; '
+    'kill -s KILL -- -"$worker" 2>/dev/null || kill -s KILL "$worker" ) >/dev/null 2>&1 & '
+    'watcher=$!; exec 3<&-; '
+    'wait "$worker"; code=$?; '
+    'kill "$watcher" 2>/dev/null; kill -s TERM -- -"$worker" 2>/dev/null; '
+    'exit "$code"'
+)
 
 
 class UnreachableHostError(RuntimeError):
@@ -100,22 +111,29 @@ class RemoteShell:
             argv += ["-p", str(self.port)]
         if self.identity_file is not None:
             argv += ["-i", self.identity_file]
-        return [*argv, host, remote_command]
+        return [*argv, "--", host, remote_command]
 
-    def worker_argv(self, host: str, argv: Sequence[str], env: Mapping[str, str],
-                    cwd: str) -> list[str]:
-        """The local command that runs worker ``argv`` with ``env`` on ``host``.
+    def worker_argv(self, host: str, argv: Sequence[str], cwd: str) -> list[str]:
+        """The local command that runs worker ``argv`` on ``host`` in ``cwd``.
+
+        Its stdin must first receive :meth:`environment_line`, then stay open
+        for as long as the worker may run.
+        """
+        guard = _GUARD.format(grace=max(1, round(self.grace_period)))
+        remote = (f"cd {shlex.quote(cwd)} || exit 1; exec /bin/sh -c {shlex.quote(guard)} "
+                  f"hora-worker {' '.join(shlex.quote(arg) for arg in argv)}")
+        return self.ssh_argv(host, remote)
+
+    @staticmethod
+    def environment_line(env: Mapping[str, str]) -> bytes:
+        """The worker's environment as the guard reads it: one base64 line.
 
         The variables that describe the launching machine (``HOME``,
         ``SSH_*``, ``PWD``, ...) are left out; the remote machine keeps its own.
         """
-        exported = " ".join(f"{name}={shlex.quote(value)}"
-                            for name, value in sorted(env.items()) if _exportable(name))
-        guard = _GUARD.format(grace=max(1, round(self.grace_period)))
-        remote = (f"cd {shlex.quote(cwd)} || exit 1; exec env {exported} "
-                  f"/bin/sh -c {shlex.quote(guard)} hora-worker "
-                  f"{' '.join(shlex.quote(arg) for arg in argv)}")
-        return self.ssh_argv(host, remote)
+        script = "".join(f"export {name}={shlex.quote(value)}\n"
+                         for name, value in sorted(env.items()) if _exportable(name))
+        return base64.b64encode(script.encode()) + b"\n"
 
     def check(self, hosts: Iterable[str], env: Mapping[str, str] | None = None) -> None:
         """Runs ``true`` on every host at once; fails naming each host that did not.
