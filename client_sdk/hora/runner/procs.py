@@ -6,7 +6,9 @@ exactly once to every worker's group, grandchildren included.
 
 Supervision polls every :data:`POLL_INTERVAL` seconds so that a death is
 noticed within about 100 ms. The first worker to fail decides the exit
-code; the others are sent SIGTERM, then SIGKILL after a grace period.
+code. The others get :data:`NOTICE_PERIOD` to fail on their own (a survivor
+of a lost rank raises RankLostError naming it), then SIGTERM, then SIGKILL
+after a grace period.
 
 The pieces that do not depend on a fixed world (:class:`WorkerOutput`,
 which starts a process and forwards its output, :class:`SignalRecorder`
@@ -46,6 +48,10 @@ __all__ = [
 
 POLL_INTERVAL = 0.05
 GRACE_PERIOD = 5.0
+# After a worker fails, how long the others may take to fail on their own
+# before SIGTERM: long enough for a survivor to report the RankLostError that
+# names the lost rank, which is what the user needs to read.
+NOTICE_PERIOD = 1.0
 # How long to wait for processes to be reaped after SIGKILL, and for the
 # output readers to drain after the workers are gone. An orphaned grandchild
 # that keeps a pipe open must not keep horarun alive.
@@ -336,6 +342,7 @@ class Supervisor:
         self._workers: list[_Worker] = []
         self._exit_code: int | None = None
         self._kill_at: float | None = None
+        self._term_at: float | None = None
         self._hurried = False
 
     def _say(self, message: str) -> None:
@@ -386,7 +393,7 @@ class Supervisor:
             self._say(f"{what}; stopping the other {plural(len(others), 'worker')}")
         else:
             self._say(what)
-        self._stop(signal.SIGTERM)
+        self._term_at = time.monotonic() + NOTICE_PERIOD
 
     def _handle_signals(self) -> None:
         for signum in self._signals.take():
@@ -438,11 +445,14 @@ class Supervisor:
         try:
             for spec in self._specs:
                 self._handle_signals()
-                if self._kill_at is not None or not self._start(spec):
+                if self._exit_code is not None or not self._start(spec):
                     break
             while self._running():
                 self._handle_signals()
                 self._poll()
+                if (self._term_at is not None and self._kill_at is None
+                        and time.monotonic() >= self._term_at):
+                    self._stop(signal.SIGTERM)
                 if self._kill_at is not None and time.monotonic() >= self._kill_at:
                     self._kill_remaining()
                     self._reap()
