@@ -51,6 +51,8 @@ class Coordinator:
         self._joins: dict[tuple[str, str], asyncio.Future[rpb.WorldView]] = {}
         self._outboxes: dict[tuple[str, str], Outbox] = {}
         self._open_streams: set[tuple[str, str, int]] = set()
+        # Jobs seen ended with nothing of them left, and since when.
+        self._ended_since: dict[str, float] = {}
 
     # ---- lookups ----------------------------------------------------------------------
 
@@ -194,6 +196,32 @@ class Coordinator:
         for job in list(self.jobs.values()):
             if job.phase is state.JobPhase.RUNNING or job.round is not None:
                 self.apply(job, state.check(job, now, self._lease_s))
+            self._forget_if_done(job, now)
+
+    def _forget_if_done(self, job: state.Job, now: float) -> None:
+        """Drops a job that ended ``job_retention`` ago with nothing of it left.
+
+        Nothing left: no gathering round, no waiting Join, no open stream. A
+        worker that joins the same job id later starts a new job.
+        """
+        job_id = job.job_id
+        done = (job.phase in (state.JobPhase.FINISHED, state.JobPhase.FAILED)
+                and job.round is None
+                and not any(key[0] == job_id for key in self._joins)
+                and not any(key[0] == job_id for key in self._open_streams))
+        if not done:
+            self._ended_since.pop(job_id, None)
+            return
+        since = self._ended_since.setdefault(job_id, now)
+        if now - since < self.settings.job_retention.total_seconds():
+            return
+        del self.jobs[job_id]
+        self.stores.pop(job_id, None)
+        self._ended_since.pop(job_id, None)
+        for key in [key for key in self._outboxes if key[0] == job_id]:
+            del self._outboxes[key]
+        logger.info("job %s %s; forgotten after %g s", job_id, job.phase.value,
+                    self.settings.job_retention.total_seconds())
 
     async def run_checks(self) -> None:
         """Runs :meth:`check` every ``stall_check_interval`` until cancelled."""

@@ -33,6 +33,9 @@ class CoordinatorSettings:
         lease: How long a member stays alive without a heartbeat or stream message.
         stall_check_interval: Period of the background check for expired leases
             and stalled tensors.
+        job_retention: How long a job that finished or failed stays (in the
+            API, the metrics and memory) once nothing of it is left running;
+            a long-lived coordinator would otherwise keep every job for ever.
         log_level: Name of a :mod:`logging` level.
     """
 
@@ -42,6 +45,7 @@ class CoordinatorSettings:
     token: str = ""
     lease: timedelta = timedelta(seconds=10)
     stall_check_interval: timedelta = timedelta(seconds=1)
+    job_retention: timedelta = timedelta(hours=1)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -52,6 +56,8 @@ class CoordinatorSettings:
         for name in ("lease", "stall_check_interval"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.job_retention < timedelta(0):
+            raise ValueError(f"job_retention must not be negative, got {self.job_retention}")
         if self.log_level.upper() not in _LOG_LEVELS:
             raise ValueError(
                 f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}"
@@ -102,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between lease and stall checks (default %(default)s)",
     )
     parser.add_argument(
+        "--job-retention-s",
+        type=float,
+        default=3600.0,
+        help="seconds a finished or failed job stays listed once none of its workers "
+        "is left (default %(default)s)",
+    )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         default=None,
@@ -136,6 +149,7 @@ def parse_command_line(
             token=args.token if args.token is not None else env.get("HORA_TOKEN", ""),
             lease=timedelta(seconds=args.lease_s),
             stall_check_interval=timedelta(seconds=args.stall_check_interval_s),
+            job_retention=timedelta(seconds=args.job_retention_s),
             log_level=log_level,
         )
     except ValueError as exc:

@@ -181,3 +181,30 @@ def test_events_and_elastic_fields_in_process():
     assert [e["kind"] for e in got["plain_events"]] == ["join", "generation"]
     assert got["missing"] == 404
     assert plain.reset_count == 0
+
+
+def test_an_ended_job_is_forgotten_after_the_retention_time(coordinator_factory):
+    coordinator = coordinator_factory("--lease-s", "2", "--stall-check-interval-s", "0.2",
+                                      "--job-retention-s", "1")
+    client = Client(coordinator.grpc_address, coordinator.token)
+    try:
+        with httpx.Client(base_url=coordinator.http_url, timeout=5) as http:
+            job = new_job_id()
+            views = client.join_all(job, 2, hosts=["a", "b"])
+            workers = [m.worker_id for m in views[0].members]
+            for w in workers:
+                client.leave(job, w)
+            assert http.get(f"/api/v1/jobs/{job}").json()["state"] == "finished"
+            assert f'job_id="{job}"' in http.get("/metrics").text
+            deadline = time.monotonic() + 15
+            while http.get(f"/api/v1/jobs/{job}").status_code != 404:
+                assert time.monotonic() < deadline, "the ended job was never forgotten"
+                time.sleep(0.1)
+            assert http.get("/api/v1/jobs").json() == []
+            assert f'job_id="{job}"' not in http.get("/metrics").text
+            # The same id later is a new job.
+            views = client.join_all(job, 1, hosts=["a"])
+            assert views[0].generation == 1
+            assert http.get(f"/api/v1/jobs/{job}").json()["state"] == "running"
+    finally:
+        client.close()
