@@ -38,14 +38,22 @@ class State:
         bcast_object: broadcasts a picklable object from rank 0.
         get_rank: this worker's rank.
         host_update_epoch: the newest host-change epoch this worker has seen
-            from the coordinator (0 when none).
+            from the coordinator (0 when none), and whether only removals
+            happened.
+        agree_host_update: combines every rank's ``(epoch, removals_only)``
+            into one answer, the same on every rank: the newest epoch, and
+            removals only if every rank says so. A collective; the default
+            broadcasts rank 0's with ``bcast_object``.
     """
 
     def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
-                 host_update_epoch: Callable[[], tuple[int, bool]] | None = None) -> None:
+                 host_update_epoch: Callable[[], tuple[int, bool]] | None = None,
+                 agree_host_update: Callable[[tuple[int, bool]], tuple[int, bool]] | None = None
+                 ) -> None:
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._host_update_epoch = host_update_epoch or (lambda: (0, False))
+        self._agree_host_update = agree_host_update or bcast_object
         self._last_host_epoch = 0
         self._reset_callbacks: list[Callable[[], None]] = []
 
@@ -69,16 +77,15 @@ class State:
         self.check_host_updates()
 
     def sync_host_updates(self) -> None:
-        """Adopts rank 0's host-change epoch, so that changes already handled do not
+        """Adopts the agreed host-change epoch, so that changes already handled do not
         interrupt again (a worker that just joined starts from the job's epoch)."""
-        epoch, _ = self._bcast_object(self._host_update_epoch())
+        epoch, _ = self._agree_host_update(self._host_update_epoch())
         self._last_host_epoch = epoch
 
     def check_host_updates(self) -> None:
-        """Raises HostsUpdatedInterrupt on every rank when rank 0 has seen a host change."""
-        epoch, removals_only = self._host_update_epoch()
-        # Rank 0's view decides, so that every rank interrupts at the same step.
-        epoch, removals_only = self._bcast_object((epoch, removals_only))
+        """Raises HostsUpdatedInterrupt on every rank when a rank has seen a host change."""
+        # One answer for all, so that every rank interrupts at the same step.
+        epoch, removals_only = self._agree_host_update(self._host_update_epoch())
         if epoch > self._last_host_epoch:
             self._last_host_epoch = epoch
             raise HostsUpdatedInterrupt(skip_sync=removals_only)
@@ -101,10 +108,11 @@ class ObjectState(State):
 
     def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
                  host_update_epoch: Callable[[], tuple[int, bool]] | None = None,
+                 agree_host_update: Callable[[tuple[int, bool]], tuple[int, bool]] | None = None,
                  **kwargs: Any) -> None:
         self._saved_state = dict(kwargs)
         self._set_attrs()
-        super().__init__(bcast_object, get_rank, host_update_epoch)
+        super().__init__(bcast_object, get_rank, host_update_epoch, agree_host_update)
 
     def _set_attrs(self) -> None:
         for name, value in self._saved_state.items():

@@ -10,7 +10,7 @@ import torch
 from ... import _runtime
 from ...elastic import ObjectState as _ObjectState
 from ..functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
-from ..mpi_ops import rank
+from ..mpi_ops import Max, allreduce, rank
 from .sampler import ElasticSampler
 
 __all__ = ["ObjectState", "TorchState"]
@@ -20,12 +20,27 @@ def _host_update_epoch() -> tuple[int, bool]:
     return _runtime.current().host_update_epoch()
 
 
+def _agree_host_update(mine: tuple[int, bool]) -> tuple[int, bool]:
+    """The newest epoch any rank saw, and removals only if every rank says so.
+
+    One small allreduce under a fixed name, so that after the first commit
+    it is agreed peer to peer (response cache) without the coordinator; a
+    broadcast of a pickled object would cost two negotiated collectives on
+    every commit.
+    """
+    epoch, removals_only = mine
+    agreed = allreduce(torch.tensor([epoch, 0 if removals_only else 1], dtype=torch.int64),
+                       op=Max, name="hora.elastic.host_update")
+    return int(agreed[0]), int(agreed[1]) == 0
+
+
 class ObjectState(_ObjectState):
     """Plain picklable attributes, synchronised from rank 0: ``ObjectState(epoch=0)``."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(bcast_object=broadcast_object, get_rank=rank,
-                         host_update_epoch=_host_update_epoch, **kwargs)
+                         host_update_epoch=_host_update_epoch,
+                         agree_host_update=_agree_host_update, **kwargs)
 
 
 class _Handler:
