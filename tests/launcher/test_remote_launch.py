@@ -195,7 +195,10 @@ while not (run_dir / "stop").exists():
 """
 
 
-def _elastic(tmp_path: Path, hosts: str, *flags: str) -> tuple[subprocess.Popen[str], Path]:
+def _elastic(tmp_path: Path, hosts: str, workers: int, *flags: str
+             ) -> tuple[int, str, Path]:
+    """Runs an elastic job on ``hosts`` until ``workers`` started, then lets them
+    finish; returns horarun's exit code, its stderr and the run directory."""
     script = tmp_path / "wait.py"
     script.write_text(WAIT_FOR_STOP)
     discover = tmp_path / "discover.sh"
@@ -204,25 +207,26 @@ def _elastic(tmp_path: Path, hosts: str, *flags: str) -> tuple[subprocess.Popen[
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     proc = subprocess.Popen(
-        [*HORARUN, *NO_COORDINATOR, "--host-discovery-script", str(discover), *flags,
+        [*HORARUN, *NO_COORDINATOR, "--host-discovery-script", str(discover),
+         "--min-np", str(workers), "-np", str(workers), *flags,
          sys.executable, str(script), str(run_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
         env=_env(tmp_path))
-    return proc, run_dir
-
-
-@pytest.mark.timeout(60)
-def test_an_elastic_job_starts_discovered_hosts_over_ssh(tmp_path: Path) -> None:
-    proc, run_dir = _elastic(tmp_path, "node-a:1\\nnode-b:1\\n", "--min-np", "2", "-np", "2",
-                             "--network-interface", "lo")
     try:
-        _pids(run_dir, 2, proc)
+        _pids(run_dir, workers, proc)
         (run_dir / "stop").touch()
         _, stderr = proc.communicate(timeout=30)
     finally:
         proc.kill()
         proc.wait(5)
-    assert proc.returncode == 0, stderr
+    return proc.returncode, stderr, run_dir
+
+
+@pytest.mark.timeout(60)
+def test_an_elastic_job_starts_discovered_hosts_over_ssh(tmp_path: Path) -> None:
+    code, stderr, run_dir = _elastic(tmp_path, "node-a:1\\nnode-b:1\\n", 2,
+                                     "--network-interface", "lo")
+    assert code == 0, stderr
     assert sorted(p.name for p in run_dir.glob("*.pid")) == ["node-a.pid", "node-b.pid"]
     started = sorted(host for host, _options, command in _ssh_log(tmp_path)
                      if command != "true")
@@ -231,15 +235,8 @@ def test_an_elastic_job_starts_discovered_hosts_over_ssh(tmp_path: Path) -> None
 
 @pytest.mark.timeout(60)
 def test_an_elastic_job_on_loopback_ignores_other_machines_and_says_why(tmp_path: Path) -> None:
-    proc, run_dir = _elastic(tmp_path, "127.0.0.2:1\\nnode-z:1\\n", "--min-np", "1", "-np", "1")
-    try:
-        _pids(run_dir, 1, proc)
-        (run_dir / "stop").touch()
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-        proc.wait(5)
-    assert proc.returncode == 0, stderr
+    code, stderr, _run_dir = _elastic(tmp_path, "127.0.0.2:1\\nnode-z:1\\n", 1)
+    assert code == 0, stderr
     assert "discovered host node-z is not this machine" in stderr
     assert "pass --network-interface" in stderr
     assert not (tmp_path / "ssh.log").exists()
