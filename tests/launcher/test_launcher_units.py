@@ -66,7 +66,6 @@ def test_settings_flags_become_settings_fields() -> None:
         "autotune_log": "/tmp/at.csv",
         "cache_capacity": 7,
     }
-    assert config.horovod_env == {}
 
 
 def test_no_stall_check_turns_both_stall_times_off() -> None:
@@ -85,7 +84,6 @@ def test_hora_spellings_of_stall_flags() -> None:
 def test_no_settings_flags_pass_nothing() -> None:
     config = parse_args(["-np", "1", "cmd"], environ={})
     assert config.worker_settings == {}
-    assert config.horovod_env == {}
     assert config.coordinator is None and config.prefix
 
 
@@ -215,7 +213,6 @@ def test_worker_environment() -> None:
         {"PATH": "/bin", "OMP_NUM_THREADS": "4", "HORA_RANK": "7"}, slot,
         coordinator="127.0.0.1:5000", job_id="j", token="t",
         worker_settings={"fusion_threshold": 8 * MiB, "cycle_time": timedelta(milliseconds=3)},
-        horovod_env={"HOROVOD_AUTOTUNE": "1"},
     )
     assert env == {
         "PATH": "/bin",
@@ -230,7 +227,6 @@ def test_worker_environment() -> None:
         "HORA_DATA_PLANE_ADDRESS": "127.0.0.3",
         "HORA_FUSION_THRESHOLD": str(8 * MiB),
         "HORA_CYCLE_TIME": "3.0",
-        "HOROVOD_AUTOTUNE": "1",
         "HOROVOD_RANK": "2",
         "HOROVOD_SIZE": "3",
         "HOROVOD_LOCAL_RANK": "0",

@@ -68,8 +68,6 @@ class LaunchConfig:
         token: job token.
         worker_settings: :class:`hora.settings.Settings` fields given by flags,
             by field name; only these are passed on besides the per-rank ones.
-        horovod_env: Horovod variables for flags that hora's settings do not
-            model yet (timeline, autotune, disabling the stall check).
         verbose: print the placement before starting.
         output_dir: also write each rank's output below this directory.
         prefix: prefix every output line with the rank.
@@ -92,7 +90,6 @@ class LaunchConfig:
     job_id: str = ""
     token: str = ""
     worker_settings: Mapping[str, Any] = field(default_factory=dict)
-    horovod_env: Mapping[str, str] = field(default_factory=dict)
     verbose: bool = False
     output_dir: str | None = None
     prefix: bool = True
@@ -373,9 +370,6 @@ def parse_args(argv: Sequence[str] | None = None,
     if ns.no_stall_check:
         settings["stall_warning_time"] = timedelta(0)
         settings["stall_shutdown_time"] = timedelta(0)
-    # Horovod's own variable names for what hora's Settings does not model.
-    horovod_env: dict[str, str] = {}
-
     token = ns.token or env.get("HORA_TOKEN") or secrets.token_hex(16)
     job_id = ns.job_id or f"job-{uuid.uuid4().hex[:12]}"
     return LaunchConfig(
@@ -388,7 +382,6 @@ def parse_args(argv: Sequence[str] | None = None,
         job_id=job_id,
         token=token,
         worker_settings=settings,
-        horovod_env=horovod_env,
         verbose=ns.verbose,
         output_dir=ns.output_filename,
         prefix=not ns.disable_prefix,

@@ -40,8 +40,7 @@ _FIRST_NAME = {var.field: var.names[0] for var in ENV_VARS}
 
 def _environment(base: Mapping[str, str], *, hostname: str, rank: int, size: int,
                  coordinator: str, job_id: str, token: str,
-                 worker_settings: Mapping[str, Any] | None,
-                 horovod_env: Mapping[str, str] | None) -> dict[str, str]:
+                 worker_settings: Mapping[str, Any] | None) -> dict[str, str]:
     given = dict(worker_settings or {})
     # A job across machines sets it for everyone ("auto"); else per host.
     given.setdefault("data_plane_address", data_plane_address(hostname))
@@ -58,7 +57,6 @@ def _environment(base: Mapping[str, str], *, hostname: str, rank: int, size: int
     wanted = {_FIRST_NAME[name] for name in (*PER_RANK_FIELDS, *given)}
 
     env = dict(base)
-    env.update(horovod_env or {})
     env.update({name: value for name, value in settings.to_env().items() if name in wanted})
     env["HOROVOD_HOSTNAME"] = hostname
     # Line-buffered output so the launcher can prefix lines as they come.
@@ -76,7 +74,6 @@ def worker_environment(
     job_id: str,
     token: str,
     worker_settings: Mapping[str, Any] | None = None,
-    horovod_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Builds the environment of the worker for ``slot``.
 
@@ -87,7 +84,6 @@ def worker_environment(
         job_id: job the worker joins.
         token: job token.
         worker_settings: :class:`Settings` fields set by flags, by field name.
-        horovod_env: Horovod variables for flags hora's settings do not model.
 
     Returns:
         ``base`` plus the hora and Horovod variables for this rank.
@@ -97,7 +93,7 @@ def worker_environment(
     """
     env = _environment(base, hostname=slot.hostname, rank=slot.rank, size=slot.size,
                        coordinator=coordinator, job_id=job_id, token=token,
-                       worker_settings=worker_settings, horovod_env=horovod_env)
+                       worker_settings=worker_settings)
     # Horovod's contract: scripts read these before (or instead of) hvd.init().
     env.update({
         "HOROVOD_RANK": str(slot.rank),
@@ -119,7 +115,6 @@ def elastic_worker_environment(
     job_id: str,
     token: str,
     worker_settings: Mapping[str, Any] | None = None,
-    horovod_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Builds the environment of an elastic worker on ``hostname``.
 
@@ -138,14 +133,13 @@ def elastic_worker_environment(
         worker_settings: :class:`Settings` fields set by flags, the elastic
             ones (``min_size``, ``max_size``, ``elastic_timeout``,
             ``reset_limit``) included.
-        horovod_env: Horovod variables for flags hora's settings do not model.
 
     Raises:
         hora.settings.SettingsError: a setting is out of range.
     """
     env = _environment(base, hostname=hostname, rank=-1, size=size,
                        coordinator=coordinator, job_id=job_id, token=token,
-                       worker_settings=worker_settings, horovod_env=horovod_env)
+                       worker_settings=worker_settings)
     for name in HOROVOD_PLACEMENT_VARS:
         env.pop(name, None)
     return env

@@ -252,7 +252,6 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str,
                 token=config.token,
                 worker_settings={**config.worker_settings,
                                  **network.worker_settings(slot.hostname)},
-                horovod_env=config.horovod_env,
             ),
         )
         for slot in slots
@@ -275,7 +274,6 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
             job_id=config.job_id,
             token=config.token,
             worker_settings={**config.worker_settings, **network.worker_settings(host)},
-            horovod_env=config.horovod_env,
         )
 
     output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir,
