@@ -288,20 +288,25 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         yield
 
     def step(self, closure: Any = None) -> Any:
-        from .adasum import adasum_allreduce
+        from .adasum import adasum_reduce
 
         params = [p for group in self.param_groups for p in group["params"]]
         starts = [p.detach().clone() for p in params]
         loss = super(self.__class__, self).step(closure)
         if self._process_set.size() > 1:
             with torch.no_grad():
+                # Every delta is gathered at once, so that the ranks agree on
+                # all of them in one round instead of one round per parameter.
+                pending = []
                 for p, start in zip(params, starts, strict=True):
-                    delta = p - start
-                    wire, ctx = self._compression.compress(delta)
-                    combined = self._compression.decompress(
-                        adasum_allreduce(wire, name=f"adasum.{self._names[p]}",
-                                         process_set=self._process_set), ctx)
-                    p.copy_(start + combined)
+                    wire, ctx = self._compression.compress(p - start)
+                    handle = allgather_async(wire.reshape(1, -1), name=f"adasum.{self._names[p]}",
+                                             process_set=self._process_set)
+                    pending.append((p, start, wire.shape, ctx, handle))
+                for p, start, shape, ctx, handle in pending:
+                    rows = synchronize(handle)
+                    combined = adasum_reduce(list(rows.unbind(0))).reshape(shape)
+                    p.copy_(start + self._compression.decompress(combined, ctx))
         return loss
 
 
