@@ -428,3 +428,13 @@ def test_coordinator_that_cannot_start(horarun: Run) -> None:
             "in use (simulated); start one with hora-coordinator and pass --coordinator "
             "HOST:PORT") in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(30)
+def test_version_and_check_build_as_horovodrun_prints_them(horarun: Run) -> None:
+    version = horarun(["--version"])
+    assert version.returncode == 0 and version.stdout.startswith("hora "), version
+    report = horarun(["-cb"])
+    assert report.returncode == 0, report.stderr
+    for line in ("[X] PyTorch", "[ ] TensorFlow", "[X] Gloo", "[ ] MPI", "NCCL"):
+        assert line in report.stdout, report.stdout

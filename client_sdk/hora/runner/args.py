@@ -11,8 +11,10 @@ included.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import secrets
+import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -123,6 +125,42 @@ def _address(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _hora_version() -> str:
+    try:
+        return importlib.metadata.version("hora")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def check_build_report() -> str:
+    """What ``horovodrun --check-build`` prints, for this installation."""
+    # Imported here: only this flag needs torch in the launcher.
+    from hora.torch.mpi_ops import gloo_built, nccl_built
+
+    def line(built: object, name: str) -> str:
+        return f"    [{'X' if built else ' '}] {name}\n"
+
+    return (f"hora v{_hora_version()} (Horovod API):\n\n"
+            "Available Frameworks:\n" + line(False, "TensorFlow") + line(True, "PyTorch")
+            + line(False, "MXNet") + "\nAvailable Controllers:\n" + line(False, "MPI")
+            + line(gloo_built(), "Gloo") + "\nAvailable Tensor Operations:\n"
+            + line(nccl_built(), "NCCL") + line(False, "DDL") + line(False, "CCL")
+            + line(False, "MPI") + line(gloo_built(), "Gloo"))
+
+
+class _CheckBuild(argparse.Action):
+    """``-cb``: prints :func:`check_build_report` and exits 0, like ``--version``."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        sys.stdout.write(check_build_report())
+        sys.stdout.flush()
+        parser.exit(0)
 
 
 def _interface(text: str) -> str:
@@ -279,6 +317,11 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
                      help="also write each rank's output to DIR/rank.N/stdout and stderr")
     out.add_argument("--disable-prefix", action="store_true",
                      help="do not prefix output lines with [RANK]<stream>:")
+    out.add_argument("-v", "--version", action="version", version=f"hora {_hora_version()}",
+                     help="print hora's version and exit")
+    out.add_argument("-cb", "--check-build", action=_CheckBuild,
+                     help="print the frameworks, controllers and tensor operations this "
+                          "hora can use, in horovodrun's format, and exit")
     out.add_argument("--gloo", action="store_true",
                      help="accepted for horovodrun compatibility (hora always uses Gloo)")
     out.add_argument("--horovod-compat", action=argparse.BooleanOptionalAction,
