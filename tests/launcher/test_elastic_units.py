@@ -3,13 +3,16 @@ decisions under a fake clock, and one in-process run of the executor."""
 
 from __future__ import annotations
 
+import functools
 import io
 import random
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from launcher_helpers import pid_gone
 
 from hora.runner.args import ElasticConfig, parse_args
 from hora.runner.discovery import DiscoveryError, HostPoller, run_discovery_script
@@ -549,3 +552,20 @@ def test_a_failure_after_success_outside_the_final_world_does_not_count() -> Non
     # Unknown (no event log) counts, as does a member of the final world.
     planner.worker_exited(ids["a:2"], 4, in_final_world=None)
     assert planner.tick() == [Finish(4)]
+
+
+def test_stopping_the_poller_kills_a_discovery_script_still_running(tmp_path: Path) -> None:
+    pid_file = tmp_path / "script.pid"
+    script = f"echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file} && exec sleep 30"
+    poller = HostPoller(functools.partial(run_discovery_script, script), interval=60)
+    poller.start()
+    deadline = time.monotonic() + 10
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, "the script never started"
+        time.sleep(0.02)
+    pid = int(pid_file.read_text())
+    poller.stop()
+    deadline = time.monotonic() + 5
+    while not pid_gone(pid):
+        assert time.monotonic() < deadline, "the script outlived the poller"
+        time.sleep(0.02)

@@ -31,6 +31,11 @@ DISCOVERY_TIMEOUT = 10.0
 # Characters of a failing script's stderr quoted in the message.
 _STDERR_TAIL = 200
 
+# Scripts running now, so that stopping the poller can end them: the thread
+# that waits on one is a daemon, and dies with horarun without killing it.
+_running: set[subprocess.Popen[bytes]] = set()
+_running_lock = threading.Lock()
+
 
 class DiscoveryError(Exception):
     """The discovery script failed, timed out, or printed a line that is not
@@ -59,6 +64,8 @@ def run_discovery_script(script: str, default_slots: int = 1,
                                 start_new_session=True, close_fds=True)
     except OSError as exc:
         raise DiscoveryError(f"cannot run {script!r}: {exc}") from exc
+    with _running_lock:
+        _running.add(proc)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -78,6 +85,9 @@ def run_discovery_script(script: str, default_slots: int = 1,
                 if pipe is not None:
                     pipe.close()
         raise DiscoveryError(f"{script!r} did not finish within {timeout:g} s") from None
+    finally:
+        with _running_lock:
+            _running.discard(proc)
     if proc.returncode != 0:
         tail = err.decode("utf-8", errors="replace").strip()[-_STDERR_TAIL:]
         detail = f": {tail}" if tail else ""
@@ -117,8 +127,12 @@ class HostPoller:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops polling; a call in progress is not waited for."""
+        """Stops polling; a discovery script still running is killed, not waited for."""
         self._stop.set()
+        with _running_lock:
+            scripts = list(_running)
+        for proc in scripts:
+            signal_group(proc.pid, signal.SIGKILL)
 
     def latest(self) -> tuple[int, list[HostSlots]] | None:
         """``(version, hosts)`` of the last good answer, None before the first.
