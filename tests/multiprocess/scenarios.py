@@ -426,6 +426,22 @@ def process_set_misuse():
     return errors, total, removed
 
 
+def process_set_across_init():
+    """A set added before shutdown()/init() must be added again, not silently reused."""
+    pset = hvd.add_process_set([0, 1])
+    before = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="pset.before", process_set=pset)
+    hvd.shutdown()
+    hvd.init()
+    try:
+        hvd.allreduce(torch.ones(1), name="pset.stale", process_set=pset)
+        stale = None
+    except ValueError as exc:
+        stale = str(exc)
+    hvd.add_process_set(pset)
+    after = hvd.allreduce(torch.ones(1) * 2, op=hvd.Sum, name="pset.after", process_set=pset)
+    return before, stale, after, hvd.remove_process_set(pset)
+
+
 def uneven_join(op_name: str):
     """Rank r has 2 * (r + 1) batches; whoever runs out joins."""
     rank, size = hvd.rank(), hvd.size()

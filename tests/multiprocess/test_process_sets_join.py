@@ -87,3 +87,14 @@ def test_a_process_set_mistake_on_one_rank_raises_on_every_rank(shared_coordinat
         assert "rank 1" in errors[2] and "global process set" in errors[2], errors[2]
         torch.testing.assert_close(total, torch.full((1,), 2.0))
         assert removed is True
+
+
+@pytest.mark.timeout(90)
+def test_a_process_set_must_be_added_again_after_shutdown_and_init(shared_coordinator):
+    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS,
+                                            "process_set_across_init", timeout=60)]
+    for before, stale, after, removed in results:
+        torch.testing.assert_close(before, torch.full((1,), 2.0))
+        assert stale is not None and "add it again" in stale, stale
+        torch.testing.assert_close(after, torch.full((1,), 4.0))
+        assert removed is True

@@ -59,6 +59,9 @@ class ProcessSet:
         self.ranks: list[int] | None = sorted(int(r) for r in ranks) if ranks is not None \
             else None
         self.process_set_id: int | None = None
+        # The runtime it was added to: ids mean nothing after shutdown() or an
+        # elastic reset, when the next init() starts numbering sets again.
+        self._runtime: object | None = None
 
     def size(self) -> int:
         """Number of ranks in the set."""
@@ -136,11 +139,12 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     runtime.engine.add_process_set(set_id, ranks)
     runtime.next_process_set_id += 1
     process_set.process_set_id = set_id
+    process_set._runtime = runtime
     return process_set
 
 
 def _process_set_problem(process_set: ProcessSet) -> str | None:
-    if process_set.process_set_id is not None:
+    if _current_id(process_set) is not None:
         return f"{process_set} has already been added"
     ranks, world = process_set.ranks, size()
     if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world for r in ranks):
@@ -168,7 +172,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         ValueError: a rank passed the global set, or ranks passed different sets
             (on every rank).
     """
-    set_id = process_set.process_set_id
+    set_id = _current_id(process_set)
     problem = "the global process set cannot be removed" \
         if process_set is global_process_set or set_id == 0 else None
     from .functions import allgather_object
@@ -329,8 +333,19 @@ def synchronize(handle: int) -> Any:
 # -- submission -------------------------------------------------------------
 
 
+def _current_id(process_set: ProcessSet) -> int | None:
+    """The set's id in this runtime; None when it was added to an earlier one."""
+    set_id = process_set.process_set_id
+    if set_id is None or set_id == 0:
+        return set_id
+    return set_id if process_set._runtime is _runtime.current() else None
+
+
 def _check_process_set(process_set: ProcessSet) -> int:
-    if process_set.process_set_id is None:
+    if _current_id(process_set) is None:
+        if process_set.process_set_id is not None:
+            raise ValueError(f"{process_set} was added before hvd.shutdown() or an elastic "
+                             f"reset; add it again with hvd.add_process_set")
         raise ValueError(f"{process_set} has not been added; call hvd.add_process_set first")
     if process_set.process_set_id != 0 and not process_set.included():
         raise ValueError(f"rank {rank()} is not in {process_set}; only its members may run "
