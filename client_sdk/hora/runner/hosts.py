@@ -23,6 +23,7 @@ __all__ = [
     "assign_ranks",
     "data_plane_address",
     "is_local_host",
+    "is_loopback_host",
     "parse_discovery_output",
     "parse_hostfile",
     "parse_hosts",
@@ -278,6 +279,12 @@ def _local_names() -> frozenset[str]:
     names.update(aliases)
     names.update(addresses)
     return frozenset(n.lower() for n in names)
+
+
+def is_loopback_host(hostname: str) -> bool:
+    """Whether ``hostname`` is ``localhost`` or a loopback address (no DNS lookup)."""
+    return hostname.lower() in ("localhost", "localhost.localdomain") or \
+        _loopback(hostname) is not None
 
 
 def is_local_host(hostname: str) -> bool:

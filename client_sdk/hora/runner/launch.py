@@ -23,9 +23,7 @@ and is supervised by :mod:`.elastic_supervisor` following the decisions of
 from __future__ import annotations
 
 import functools
-import ipaddress
 import os
-import socket
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -44,6 +42,7 @@ from .hosts import (
     SlotInfo,
     assign_ranks,
     is_local_host,
+    is_loopback_host,
     parse_hostfile,
     parse_hosts,
 )
@@ -149,7 +148,7 @@ def _network(config: LaunchConfig, hostnames: Iterable[str]) -> _Network:
         return _Network()
     if config.coordinator is not None and remote_hosts:
         host = parse_address(config.coordinator)[0]
-        if is_local_host(host) and _loopback(host):
+        if is_loopback_host(host):
             raise _UsageError(
                 f"--coordinator {config.coordinator} is a loopback address, which workers on "
                 f"{remote_hosts[0]} cannot reach; give an address of its machine that they can")
@@ -163,13 +162,6 @@ def _network(config: LaunchConfig, hostnames: Iterable[str]) -> _Network:
             f"reaches it ({exc}); name the interface to use with --network-interface") from exc
     remote = RemoteShell.from_env(port=config.ssh_port, identity_file=config.ssh_identity_file)
     return _Network(remote, address, nic)
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
 
 
 def _elastic_hosts(config: LaunchConfig,
