@@ -1,7 +1,7 @@
 """hora's data plane: adapters from one backend interface to native collective libraries."""
 
 from .base import Backend, BackendError, ReduceKind
-from .registry import available, backend_for_device, create_backend
+from .registry import available, backend_for_device, create_backend, xccl_built
 
 __all__ = ["Backend", "BackendError", "ReduceKind", "available", "backend_for_device",
-           "create_backend"]
+           "create_backend", "xccl_built"]

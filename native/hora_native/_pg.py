@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from .base import BackendError, ReduceKind
 
-__all__ = ["ProcessGroupBackend"]
+__all__ = ["ProcessGroupBackend", "as_rows_of_bytes"]
 
 _OPS = {
     ReduceKind.SUM: dist.ReduceOp.SUM,
@@ -20,14 +20,34 @@ _OPS = {
 }
 
 
+def as_rows_of_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor seen as a 2-D uint8 tensor with the same first dimension.
+
+    Collectives that only move data (broadcast, allgather, alltoall) run on
+    this view, so they never depend on the library knowing the dtype (Gloo
+    has no int16, neither library has complex); the bytes land in the
+    caller's tensor.
+    """
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row_bytes = tensor.element_size()
+    for extent in tensor.shape[1:]:
+        row_bytes *= extent
+    return tensor.reshape(-1).view(torch.uint8).view(rows, row_bytes)
+
+
 class ProcessGroupBackend:
     """The backend interface over one process group built by a subclass.
 
     Subclasses set ``name``, build ``self._pg`` in ``__init__``, and may
-    override :meth:`_wait` (NCCL also waits for its stream).
+    override :meth:`_wait` (NCCL also waits for its stream) and
+    ``reduce_dtypes`` (the element types the library reduces itself; others
+    are reduced in a wider type, see :meth:`_wider`).
     """
 
     name = "process-group"
+    reduce_dtypes: frozenset[torch.dtype] = frozenset({
+        torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+        torch.float32, torch.float64})
 
     def __init__(self, pg: Any, rank: int, size: int) -> None:
         self._pg = pg
@@ -49,10 +69,27 @@ class ProcessGroupBackend:
         except RuntimeError as exc:
             raise BackendError(f"{self.name} {what} failed on rank {self.rank}: {exc}") from exc
 
+    def _wider(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """A copy of ``tensor`` in a type the library reduces, or None when it reduces
+        ``tensor``'s own type. Integers widen to int32 (the sum wraps around when
+        narrowed back, as it would in the narrow type)."""
+        if tensor.dtype in self.reduce_dtypes:
+            return None
+        if tensor.is_floating_point():
+            return tensor.to(torch.float64)
+        return tensor.to(torch.int32 if tensor.element_size() < 4 else torch.int64)
+
     def allreduce(self, tensor: torch.Tensor, op: ReduceKind) -> None:
+        if tensor.dtype == torch.bool:
+            # Logical reductions on the bytes: a sum is an or, a product an and.
+            op = {ReduceKind.SUM: ReduceKind.MAX, ReduceKind.PRODUCT: ReduceKind.MIN}.get(op, op)
+            tensor = tensor.view(torch.uint8)
+        wide = self._wider(tensor)
         opts = dist.AllreduceOptions()
         opts.reduceOp = _OPS[op]
-        self._run("allreduce", self.pg.allreduce([tensor], opts))
+        self._run("allreduce", self.pg.allreduce([tensor if wide is None else wide], opts))
+        if wide is not None:
+            tensor.copy_(wide)
 
     def allgatherv(self, output: torch.Tensor, tensor: torch.Tensor,
                    counts: Sequence[int]) -> None:
@@ -67,16 +104,17 @@ class ProcessGroupBackend:
         opts = dist.BroadcastOptions()
         opts.rootRank = root
         opts.rootTensor = 0
-        self._run("broadcast", self.pg.broadcast([tensor], opts))
+        self._run("broadcast", self.pg.broadcast([as_rows_of_bytes(tensor)], opts))
 
     def alltoallv(self, output: torch.Tensor, tensor: torch.Tensor,
                   output_splits: Sequence[int], input_splits: Sequence[int]) -> None:
         self._run("alltoall", self.pg.alltoall_base(
-            output, tensor, list(output_splits), list(input_splits), dist.AllToAllOptions()))
+            as_rows_of_bytes(output), as_rows_of_bytes(tensor), list(output_splits),
+            list(input_splits), dist.AllToAllOptions()))
 
     def reducescatter(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceKind,
                       counts: Sequence[int]) -> None:
-        if len(set(counts)) == 1:
+        if len(set(counts)) == 1 and self._wider(tensor) is None:
             chunks = list(tensor.split(list(counts)))
             opts = dist.ReduceScatterOptions()
             opts.reduceOp = _OPS[op]

@@ -1,7 +1,7 @@
 """Chooses and builds a backend for a device, importing each one lazily.
 
 ``import hora.torch`` imports this module but none of the backends: NCCL
-and oneCCL are imported only when a tensor on their device arrives.
+and XCCL (oneCCL) are imported only when a tensor on their device arrives.
 """
 
 from __future__ import annotations
@@ -13,26 +13,25 @@ import torch
 
 from .base import Backend, BackendError
 
-__all__ = ["BACKENDS", "available", "backend_for_device", "create_backend"]
+__all__ = ["BACKENDS", "available", "backend_for_device", "create_backend", "xccl_built"]
 
 # Backend name -> (module, class, device types it serves).
 BACKENDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gloo": ("hora_native.gloo", "GlooBackend", ("cpu",)),
     "nccl": ("hora_native.nccl", "NcclBackend", ("cuda",)),
+    "xccl": ("hora_native.xccl", "XcclBackend", ("xpu",)),
 }
 
 
-def backend_for_device(device_type: str, *, cpu_backend: str = "gloo",
-                       cuda_backend: str = "nccl") -> str:
+def backend_for_device(device_type: str) -> str:
     """Names the backend that runs collectives for tensors on ``device_type``.
 
     Raises:
         BackendError: no backend serves that kind of device.
     """
-    if device_type == "cpu":
-        return cpu_backend
-    if device_type == "cuda":
-        return cuda_backend
+    for name, (_module, _class, devices) in BACKENDS.items():
+        if device_type in devices:
+            return name
     raise BackendError(f"no hora backend for tensors on device type {device_type!r}")
 
 
@@ -43,7 +42,16 @@ def available(name: str) -> bool:
     if name == "nccl":
         return (torch.distributed.is_available() and torch.distributed.is_nccl_available()
                 and torch.cuda.is_available())
+    if name == "xccl":
+        return xccl_built() and torch.xpu.is_available()
     return False
+
+
+def xccl_built() -> bool:
+    """Whether this torch build has the XCCL process group (torch for Intel GPUs)."""
+    dist = torch.distributed
+    return (dist.is_available() and getattr(dist, "is_xccl_available", lambda: False)()
+            and hasattr(dist, "ProcessGroupXCCL"))
 
 
 def create_backend(name: str, store: torch.distributed.Store, rank: int, size: int,

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.unit
 def test_devices_map_to_backends():
     assert backend_for_device("cpu") == "gloo"
     assert backend_for_device("cuda") == "nccl"
+    assert backend_for_device("xpu") == "xccl"
     with pytest.raises(BackendError, match="'mps'"):
         backend_for_device("mps")
 
@@ -27,6 +28,22 @@ def test_gloo_is_available_and_nccl_only_with_a_gpu():
                                  and torch.distributed.is_nccl_available())
 
 
+def test_xccl_is_available_and_ccl_built_only_with_torch_for_xpu():
+    from hora.torch import ccl_built
+
+    built = bool(getattr(torch.distributed, "is_xccl_available", lambda: False)()
+                 and hasattr(torch.distributed, "ProcessGroupXCCL"))
+    assert ccl_built() == built
+    assert available("xccl") == (built and torch.xpu.is_available())
+
+
+@pytest.mark.skipif(torch.xpu.is_available(), reason="checks the error without an XPU")
+def test_xccl_without_an_xpu_is_a_clear_error():
+    with pytest.raises(BackendError, match="'xccl' is not available"):
+        create_backend("xccl", torch.distributed.HashStore(), 0, 1, timedelta(seconds=5),
+                       "127.0.0.1")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on CPU-only machines")
 def test_nccl_without_a_gpu_is_a_clear_error():
     store = torch.distributed.HashStore()
@@ -35,7 +52,7 @@ def test_nccl_without_a_gpu_is_a_clear_error():
 
 
 def test_unknown_backend_names_the_known_ones():
-    with pytest.raises(BackendError, match="known: \\['gloo', 'nccl'\\]"):
+    with pytest.raises(BackendError, match="known: \\['gloo', 'nccl', 'xccl'\\]"):
         create_backend("mpi", torch.distributed.HashStore(), 0, 1, timedelta(seconds=1), "")
 
 
