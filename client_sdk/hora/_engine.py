@@ -44,6 +44,7 @@ from .errors import (
     CoordinatorError,
     HoraError,
     HorovodInternalError,
+    InvalidCallError,
     RankLostError,
     TensorMismatchError,
 )
@@ -166,6 +167,9 @@ class Entry:
     group_id: int = 0
     group_size: int = 0
     result: Callable[[Any], Any] | None = None
+    # Why this rank's call is invalid (see TensorRequest.invalid); the
+    # coordinator fails the call on every rank, and it never runs.
+    invalid: str = ""
     enqueued_at: float = dataclasses.field(default_factory=time.monotonic)
     stall_warned: bool = False
 
@@ -186,7 +190,7 @@ class Entry:
             reduce_op=int(self.reduce_op), root_rank=self.root_rank,
             prescale_factor=self.prescale_factor, postscale_factor=self.postscale_factor,
             process_set_id=self.process_set_id, splits=list(self.splits or ()),
-            group_id=self.group_id, group_size=self.group_size)
+            group_id=self.group_id, group_size=self.group_size, invalid=self.invalid)
 
 
 # Element types the control mesh reduces itself (see Engine._run_mesh), by wire name.
@@ -249,12 +253,20 @@ class _SetGroup:
         return len(self.ranks)
 
 
+_ERROR_CLASSES: dict[int, type[HoraError]] = {
+    negotiation_pb2.ERROR_KIND_RANK_GONE: RankLostError,
+    negotiation_pb2.ERROR_KIND_INVALID: InvalidCallError,
+}
+
+
 # Values a joined rank contributes to an allreduce: the identity of the reduction.
 def _identity(op: ReduceOp, dtype: torch.dtype) -> float | int | bool:
     if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
         return 0
     if op == ReduceOp.PRODUCT:
         return 1
+    if dtype == torch.bool:  # and for Min, or for Max
+        return op == ReduceOp.MIN
     info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
     if op == ReduceOp.MIN:
         return float("inf") if dtype.is_floating_point else info.max
@@ -363,7 +375,8 @@ class Engine:
         """Submits ``entry`` for negotiation and returns its handle.
 
         Raises:
-            ValueError: a tensor with the same name is already in flight.
+            InvalidCallError: a tensor with the same name is already in flight (a
+                ValueError, as in Horovod, and a RuntimeError).
             HorovodInternalError: the generation has failed.
         """
         timeline = self.timeline
@@ -371,7 +384,7 @@ class Engine:
             if self._failure is not None:
                 raise type(self._failure)(str(self._failure))
             if entry.name in self._pending:
-                raise ValueError(
+                raise InvalidCallError(
                     f"a tensor named {entry.name!r} is already in flight on rank {self.rank}; "
                     f"names must be unique among pending operations")
             self._pending[entry.name] = entry
@@ -405,7 +418,9 @@ class Engine:
                 misses.append(entry)
                 continue
             slot, signature = found
-            if signature != entry.signature():
+            # An invalid call must reach the coordinator on every rank: the
+            # slot is dropped everywhere, so the valid ranks ask it too.
+            if entry.invalid or signature != entry.signature():
                 self._invalid_slots.add(slot)
                 misses.append(entry)
                 continue
@@ -1076,9 +1091,7 @@ class Engine:
         if response.join_fill and len(entries) < len(response.tensor_names):
             entries = self._fill_for_join(response, entries)
         if response.type == negotiation_pb2.RESPONSE_TYPE_ERROR:
-            error_cls = (RankLostError
-                         if response.error_kind == negotiation_pb2.ERROR_KIND_RANK_GONE
-                         else TensorMismatchError)
+            error_cls = _ERROR_CLASSES.get(response.error_kind, TensorMismatchError)
             for entry in entries:
                 entry.handle.set_error(error_cls(response.error_message))
             return []

@@ -1,11 +1,18 @@
 """The exceptions hora raises, typed by what the caller should do about them.
 
     HoraError
+     +-- InvalidCallError (also a ValueError and a RuntimeError)
+     |    A collective was called wrongly (on this rank or on another rank of
+     |    the call): this call fails on every rank of it, and nothing else.
+     |    The next collective works. Raised before anything reaches the
+     |    data plane.
+     |    +-- InvalidTypeError (also a TypeError)   an argument of the wrong type
      +-- HorovodInternalError (also a RuntimeError)
      |    A collective could not complete: a peer died, a tensor disagreed
      |    across ranks, the data plane failed. Elastic jobs restore the last
      |    commit and re-synchronise; other jobs should exit.
-     |    +-- TensorMismatchError   ranks disagree on a tensor's dtype, shape, op
+     |    +-- TensorMismatchError   ranks disagree on a tensor's dtype, shape,
+     |    |                         op (also a ValueError); fails that call only
      |    +-- RankLostError         a member of the world was lost or left
      |    +-- StallError            a tensor waited on some ranks too long
      +-- HostsUpdatedInterrupt
@@ -19,7 +26,10 @@
           +-- RendezvousTimeoutError        the world did not gather in time
 
 Names match Horovod's where Horovod has the concept, so that
-``except HorovodInternalError`` in an existing script keeps working.
+``except HorovodInternalError`` in an existing script keeps working. Only a
+lost peer, a failed job or a broken transport fails the engine of a
+generation (every later collective raises until an elastic reset or
+``shutdown()``/``init()``); an invalid or mismatched call fails that call.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ __all__ = [
     "HoraError",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
+    "InvalidCallError",
+    "InvalidTypeError",
     "RankLostError",
     "RendezvousError",
     "RendezvousTimeoutError",
@@ -43,12 +55,28 @@ class HoraError(Exception):
     """Root of every error hora raises on purpose."""
 
 
+class InvalidCallError(HoraError, ValueError, RuntimeError):
+    """A collective's arguments are invalid on some rank; that call fails on every rank.
+
+    Both a ValueError (what Python code raises for bad arguments) and a
+    RuntimeError (what Horovod raises from its ops), so that either
+    ``except`` in an existing script catches it.
+    """
+
+
+class InvalidTypeError(InvalidCallError, TypeError):
+    """An argument has the wrong type (a tensor was expected, say)."""
+
+
 class HorovodInternalError(HoraError, RuntimeError):
     """A collective failed; the state of this generation cannot be trusted."""
 
 
-class TensorMismatchError(HorovodInternalError):
-    """Ranks submitted the same tensor name with a different dtype, shape or op."""
+class TensorMismatchError(HorovodInternalError, ValueError):
+    """Ranks submitted the same tensor name with a different dtype, shape or op.
+
+    Fails that collective on every rank; the generation goes on.
+    """
 
 
 class RankLostError(HorovodInternalError):

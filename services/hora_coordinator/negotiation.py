@@ -267,6 +267,17 @@ def _op_name(op: int) -> str:
     return pb.OpType.Name(op).removeprefix("OP_TYPE_").lower()  # type: ignore[arg-type]
 
 
+def invalid_calls(tensor: PendingTensor) -> str | None:
+    """What the ranks that found their own call invalid said, or None when none did."""
+    said = [(r, tensor.submissions[r].invalid) for r in tensor.submitters()]
+    said = [(r, text) for r, text in said if text]
+    if not said:
+        return None
+    return f"tensor '{tensor.name}': invalid call on " + "; ".join(
+        f"rank {r}: {text}" for r, text in said
+    )
+
+
 def validate(tensor: PendingTensor) -> str | None:
     """Checks that every rank that submitted sent a compatible request; the error text if not."""
     ranks = tensor.submitters()
@@ -386,10 +397,12 @@ class _Builder:
         self._close()
         return self.responses
 
-    def error(self, names: Iterable[str], message: str) -> None:
+    def error(
+        self, names: Iterable[str], message: str, kind: int = pb.ERROR_KIND_MISMATCH
+    ) -> None:
         self._close()
         self.errors += 1
-        self.responses.append(_error(names, self.process_set.id, message))
+        self.responses.append(_error(names, self.process_set.id, message, kind))
 
     def error_to(self, ranks: Iterable[int], names: Iterable[str], message: str) -> None:
         """An error for ``ranks`` only; it does not enter the set's response list."""
@@ -734,6 +747,11 @@ class NegotiationTable:
     def _respond_group(item: _ReadyGroup, builder: _Builder) -> None:
         names = [t.name for t in item.tensors]
         for tensor in item.tensors:
+            invalid = invalid_calls(tensor)
+            if invalid is not None:
+                builder.error(names, invalid, pb.ERROR_KIND_INVALID)
+                return
+        for tensor in item.tensors:
             problem = validate(tensor)
             if problem is not None:
                 builder.error(names, problem)
@@ -761,6 +779,10 @@ class NegotiationTable:
 
     @staticmethod
     def _respond_tensor(tensor: PendingTensor, builder: _Builder) -> None:
+        invalid = invalid_calls(tensor)
+        if invalid is not None:
+            builder.error([tensor.name], invalid, pb.ERROR_KIND_INVALID)
+            return
         problem = validate(tensor)
         if problem is not None:
             builder.error([tensor.name], problem)

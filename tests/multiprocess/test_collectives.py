@@ -213,9 +213,11 @@ def test_gradients_flow_through_collectives(shared_coordinator, size):
     for rank, result in enumerate(results):
         # d/dx sum(allreduce_sum(x)) = allreduce_sum(ones) = size
         torch.testing.assert_close(result["allreduce"], torch.full((2, 2), float(size)))
-        # allgather weights row block r by (row index + 1); grads are summed over ranks.
+        # allgather weights row block r by (row index + 1); as in Horovod, the
+        # incoming gradients are averaged over the ranks (every rank sends the same).
         rows = torch.arange(2 * size).reshape(size, 2)[rank] + 1
-        expected = (rows.float().reshape(2, 1) * size).expand(2, 2)
+        expected = rows.float().reshape(2, 1).expand(2, 2)
         torch.testing.assert_close(result["allgather"], expected)
-        root_grad = torch.full((2, 2), float(size)) if rank == 0 else torch.zeros(2, 2)
+        # broadcast: the root gets the average of the incoming gradients (ones), others zeros.
+        root_grad = torch.ones(2, 2) if rank == 0 else torch.zeros(2, 2)
         torch.testing.assert_close(result["broadcast"], root_grad)

@@ -24,7 +24,8 @@ HOROVOD_TORCH = {
     "HorovodInternalError", "HostsUpdatedInterrupt",
     "gloo_built", "gloo_enabled", "nccl_built", "mpi_built", "mpi_enabled", "ccl_built",
     "cuda_built", "rocm_built", "ddl_built", "mpi_threads_supported",
-    "start_timeline", "stop_timeline",
+    "start_timeline", "stop_timeline", "grouped_allgather", "grouped_allgather_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
 }
 
 # Names that later issues bring (process sets, join, SyncBatchNorm, elastic).

@@ -1,6 +1,6 @@
 """hora.torch: Horovod's PyTorch API on hora. ``import hora.torch as hvd``."""
 
-from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..errors import HorovodInternalError, HostsUpdatedInterrupt, InvalidCallError
 from . import elastic
 from .compression import Compression
 from .functions import (
@@ -39,10 +39,14 @@ from .mpi_ops import (
     global_process_set,
     gloo_built,
     gloo_enabled,
+    grouped_allgather,
+    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
     init,
     is_homogeneous,
     is_initialized,
@@ -61,6 +65,7 @@ from .mpi_ops import (
     rocm_built,
     shutdown,
     size,
+    sparse_allreduce_async,
     start_timeline,
     stop_timeline,
     synchronize,
@@ -70,15 +75,18 @@ from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError",
-    "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
-    "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
-    "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
-    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "elastic",
-    "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built",
-    "gloo_enabled", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
-    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll",
-    "rank", "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
-    "start_timeline", "stop_timeline", "synchronize",
+    "HostsUpdatedInterrupt", "InvalidCallError", "Max", "Min", "ProcessSet", "Product", "Sum",
+    "SyncBatchNorm", "add_process_set", "allgather", "allgather_async", "allgather_object",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
+    "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
+    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "elastic",
+    "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather",
+    "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
+    "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join",
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "remove_process_set",
+    "rocm_built", "shutdown", "size", "sparse_allreduce_async", "start_timeline",
+    "stop_timeline", "synchronize",
 ]

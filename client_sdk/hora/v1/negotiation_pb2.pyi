@@ -45,6 +45,7 @@ class ErrorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_KIND_UNSPECIFIED: _ClassVar[ErrorKind]
     ERROR_KIND_MISMATCH: _ClassVar[ErrorKind]
     ERROR_KIND_RANK_GONE: _ClassVar[ErrorKind]
+    ERROR_KIND_INVALID: _ClassVar[ErrorKind]
 
 class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -80,6 +81,7 @@ RESPONSE_TYPE_JOIN: ResponseType
 ERROR_KIND_UNSPECIFIED: ErrorKind
 ERROR_KIND_MISMATCH: ErrorKind
 ERROR_KIND_RANK_GONE: ErrorKind
+ERROR_KIND_INVALID: ErrorKind
 EVENT_TYPE_UNSPECIFIED: EventType
 EVENT_TYPE_MEMBER_LOST: EventType
 EVENT_TYPE_MEMBER_LEFT: EventType
@@ -121,7 +123,7 @@ class RemoveProcessSetResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class TensorRequest(_message.Message):
-    __slots__ = ("name", "op_type", "dtype", "shape", "device", "reduce_op", "root_rank", "prescale_factor", "postscale_factor", "process_set_id", "splits", "group_id", "group_size")
+    __slots__ = ("name", "op_type", "dtype", "shape", "device", "reduce_op", "root_rank", "prescale_factor", "postscale_factor", "process_set_id", "splits", "group_id", "group_size", "invalid")
     NAME_FIELD_NUMBER: _ClassVar[int]
     OP_TYPE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +137,7 @@ class TensorRequest(_message.Message):
     SPLITS_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INVALID_FIELD_NUMBER: _ClassVar[int]
     name: str
     op_type: OpType
     dtype: str
@@ -148,7 +151,8 @@ class TensorRequest(_message.Message):
     splits: _containers.RepeatedScalarFieldContainer[int]
     group_id: int
     group_size: int
-    def __init__(self, name: _Optional[str] = ..., op_type: _Optional[_Union[OpType, str]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., reduce_op: _Optional[_Union[ReduceOp, str]] = ..., root_rank: _Optional[int] = ..., prescale_factor: _Optional[float] = ..., postscale_factor: _Optional[float] = ..., process_set_id: _Optional[int] = ..., splits: _Optional[_Iterable[int]] = ..., group_id: _Optional[int] = ..., group_size: _Optional[int] = ...) -> None: ...
+    invalid: str
+    def __init__(self, name: _Optional[str] = ..., op_type: _Optional[_Union[OpType, str]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., reduce_op: _Optional[_Union[ReduceOp, str]] = ..., root_rank: _Optional[int] = ..., prescale_factor: _Optional[float] = ..., postscale_factor: _Optional[float] = ..., process_set_id: _Optional[int] = ..., splits: _Optional[_Iterable[int]] = ..., group_id: _Optional[int] = ..., group_size: _Optional[int] = ..., invalid: _Optional[str] = ...) -> None: ...
 
 class RequestList(_message.Message):
     __slots__ = ("requests",)

@@ -1,0 +1,350 @@
+"""The world, process sets, builds and handles of ``hora.torch`` (see :mod:`.mpi_ops`)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hora_native import xccl_built
+
+from .. import _runtime
+from .._engine import Handle
+from .._ops import ReduceOp
+from ..errors import InvalidCallError
+
+__all__ = [
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "ProcessSet", "global_process_set",
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "is_homogeneous",
+    "poll", "synchronize", "add_process_set", "remove_process_set",
+    "gloo_built", "gloo_enabled", "nccl_built", "mpi_built", "mpi_enabled", "ccl_built",
+    "cuda_built", "rocm_built", "ddl_built", "mpi_threads_supported",
+]
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+
+class ProcessSet:
+    """A subset of ranks that runs collectives among themselves.
+
+    Create one with the ranks it holds and register it on every rank with
+    :func:`add_process_set` (or ``hvd.init(process_sets=[...])``); then pass
+    it as ``process_set=`` to any collective. Ranks are global ranks, also
+    for ``root_rank``.
+    """
+
+    def __init__(self, ranks: Sequence[int] | None = None) -> None:
+        self.ranks: list[int] | None = sorted(int(r) for r in ranks) if ranks is not None \
+            else None
+        self.process_set_id: int | None = None
+        # The runtime it was added to: ids mean nothing after shutdown() or an
+        # elastic reset, when the next init() starts numbering sets again.
+        self._runtime: object | None = None
+
+    def size(self) -> int:
+        """Number of ranks in the set."""
+        return size() if self.ranks is None else len(self.ranks)
+
+    def rank(self) -> int:
+        """This process's position in the set.
+
+        Raises:
+            ValueError: this process is not in the set.
+        """
+        if self.ranks is None:  # the global set, whatever the world's size is now
+            return rank()
+        if rank() not in self.ranks:
+            raise ValueError(f"rank {rank()} is not in {self}")
+        return self.ranks.index(rank())
+
+    def included(self) -> bool:
+        """Whether this process is in the set."""
+        return self.ranks is None or rank() in self.ranks
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet()
+global_process_set.process_set_id = 0
+
+
+# -- lifecycle and world --------------------------------------------------
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Joins the job: blocks until every worker has joined, then builds the data plane.
+
+    ``comm`` and ``process_sets`` are accepted for compatibility with
+    Horovod's signature; an MPI communicator cannot be used by hora.
+    """
+    if comm is not None:
+        raise ValueError("hora does not run over MPI: call hvd.init() without a communicator")
+    _runtime.init()
+    for process_set in process_sets or ():
+        add_process_set(process_set)
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Registers a process set; every rank of the world must call it, in the same order.
+
+    The ranks compare their calls before anything is registered, so a mistake
+    made on one rank raises the same ValueError on every rank instead of
+    leaving the others waiting.
+
+    Returns:
+        The registered set (the one given, or a new one for a list of ranks).
+
+    Raises:
+        ValueError: the ranks are out of range or repeated, the set was already
+            added, or ranks passed different sets (on any rank).
+    """
+    problem = None
+    try:
+        if not isinstance(process_set, ProcessSet):
+            process_set = ProcessSet(process_set)
+    except (TypeError, ValueError) as exc:
+        problem = f"{process_set!r} is not a list of ranks: {exc}"
+    if problem is None:
+        problem = _process_set_problem(process_set)
+    runtime = _runtime.current()
+    set_id = runtime.next_process_set_id
+    ranks = process_set.ranks if problem is None else None
+    from .functions import allgather_object
+
+    calls = allgather_object((ranks, problem), name=f"add_process_set.{set_id}")
+    _raise_on_any_rank("add_process_set", calls)
+    runtime.engine.add_process_set(set_id, ranks)
+    runtime.next_process_set_id += 1
+    process_set.process_set_id = set_id
+    process_set._runtime = runtime
+    return process_set
+
+
+def _process_set_problem(process_set: ProcessSet) -> str | None:
+    if current_set_id(process_set) is not None:
+        return f"{process_set} has already been added"
+    ranks, world = process_set.ranks, size()
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world for r in ranks):
+        return f"process set ranks {ranks} must be distinct ranks in [0, {world})"
+    return None
+
+
+def _raise_on_any_rank(call: str, calls: list[tuple[Any, str | None]]) -> None:
+    """Raises on every rank alike when any rank's call was bad or the calls differ.
+
+    ``calls`` holds each rank's (argument, problem or None), in rank order.
+    """
+    problems = [f"rank {r}: {problem}" for r, (_arg, problem) in enumerate(calls) if problem]
+    if problems:
+        raise ValueError(f"{call} failed on every rank because of " + "; ".join(problems))
+    if any(arg != calls[0][0] for arg, _problem in calls):
+        detail = "; ".join(f"rank {r}: {arg}" for r, (arg, _problem) in enumerate(calls))
+        raise ValueError(f"ranks called {call} with different sets: {detail}")
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregisters a process set on every rank (all ranks call it). Returns whether it existed.
+
+    Raises:
+        ValueError: a rank passed the global set, or ranks passed different sets
+            (on every rank).
+    """
+    set_id = current_set_id(process_set)
+    problem = "the global process set cannot be removed" \
+        if process_set is global_process_set or set_id == 0 else None
+    from .functions import allgather_object
+
+    _raise_on_any_rank("remove_process_set", allgather_object((set_id, problem)))
+    if set_id is None:
+        return False
+    _runtime.current().engine.remove_process_set(set_id)
+    process_set.process_set_id = None
+    return True
+
+
+def shutdown() -> None:
+    """Leaves the job; ``init()`` may be called again afterwards."""
+    _runtime.shutdown()
+
+
+def is_initialized() -> bool:
+    return _runtime.is_initialized()
+
+
+def _world() -> Any:
+    return _runtime.current().world
+
+
+def size() -> int:
+    return _world().size
+
+
+def rank() -> int:
+    return _world().rank
+
+
+def local_size() -> int:
+    return _world().local_size
+
+
+def local_rank() -> int:
+    return _world().local_rank
+
+
+def cross_size() -> int:
+    return _world().cross_size
+
+
+def cross_rank() -> int:
+    return _world().cross_rank
+
+
+def is_homogeneous() -> bool:
+    return _world().is_homogeneous
+
+
+# -- builds -----------------------------------------------------------------
+
+
+def gloo_built() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_gloo_available()
+
+
+def gloo_enabled() -> bool:
+    return gloo_built()
+
+
+def nccl_built() -> int | bool:
+    """The NCCL version torch was built with (as Horovod's int, e.g. 21803), or False."""
+    if not (torch.distributed.is_available() and torch.distributed.is_nccl_available()):
+        return False
+    try:
+        version = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return False
+    if isinstance(version, tuple):
+        major, minor, patch = (list(version) + [0, 0, 0])[:3]
+        return major * 10000 + minor * 100 + patch
+    return int(version)
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    """Whether torch has the XCCL process group that serves XPU tensors (oneCCL)."""
+    return xccl_built()
+
+
+def cuda_built() -> bool:
+    return torch.cuda.is_available() and bool(nccl_built())
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+# -- handles -----------------------------------------------------------------
+
+_handles: dict[int, Handle] = {}
+_handles_lock = threading.Lock()
+_handle_ids = itertools.count(1)
+
+
+def register(handle: Handle) -> int:
+    """The integer handle users see for ``handle``."""
+    with _handles_lock:
+        handle_id = next(_handle_ids)
+        _handles[handle_id] = handle
+    return handle_id
+
+
+def _lookup(handle: int) -> Handle:
+    with _handles_lock:
+        found = _handles.get(handle)
+    if found is None:
+        raise InvalidCallError(f"unknown or already synchronized handle {handle}")
+    return found
+
+
+def poll(handle: int) -> bool:
+    """True when the collective behind ``handle`` has finished (or failed)."""
+    return _lookup(handle).done()
+
+
+def synchronize(handle: int) -> Any:
+    """Waits for the collective behind ``handle`` and returns its result.
+
+    Raises:
+        HorovodInternalError: the collective failed on this rank (a peer was
+            lost, ranks disagreed on the tensor, the data plane broke).
+    """
+    entry = _lookup(handle)
+    runtime = _runtime.current() if _runtime.is_initialized() else None
+    try:
+        # Every failure path of the engine completes the handle, so this
+        # waits in slices only to stay responsive to KeyboardInterrupt.
+        while True:
+            try:
+                return entry.wait(timeout=1.0)
+            except TimeoutError:
+                if runtime is not None and runtime.engine.failure() is not None and \
+                        not entry.done():
+                    raise runtime.engine.failure() from None
+    finally:
+        with _handles_lock:
+            _handles.pop(handle, None)
+
+
+def current_set_id(process_set: ProcessSet) -> int | None:
+    """The set's id in this runtime; None when it was added to an earlier one."""
+    set_id = process_set.process_set_id
+    if set_id is None or set_id == 0:
+        return set_id
+    return set_id if process_set._runtime is _runtime.current() else None
+
+
+def check_process_set(process_set: ProcessSet) -> int:
+    """The id to submit a collective on ``process_set`` with.
+
+    Raises:
+        InvalidCallError: the set was not added (in this runtime), or this
+            rank is not in it.
+    """
+    if not isinstance(process_set, ProcessSet):
+        raise InvalidCallError(f"process_set must be a hvd.ProcessSet, got "
+                               f"{type(process_set).__name__}")
+    if current_set_id(process_set) is None:
+        if process_set.process_set_id is not None:
+            raise InvalidCallError(f"{process_set} was added before hvd.shutdown() or an "
+                                   f"elastic reset; add it again with hvd.add_process_set")
+        raise InvalidCallError(f"{process_set} has not been added; call hvd.add_process_set "
+                               f"first")
+    if process_set.process_set_id != 0 and not process_set.included():
+        raise InvalidCallError(f"rank {rank()} is not in {process_set}; only its members may "
+                               f"run collectives on it")
+    return process_set.process_set_id

@@ -1,0 +1,810 @@
+"""Collectives on torch tensors: Horovod's signatures, semantics and gradients.
+
+Every ``*_async`` function returns an integer handle (see :mod:`._basics`).
+
+Errors (the tree is drawn in :mod:`hora.errors`):
+
+- A wrong *type* of argument (not a tensor, a process set that was never
+  added) raises :class:`InvalidTypeError` / :class:`InvalidCallError` at
+  once, before the call takes a name, so the ranks' automatic names stay in
+  step when every rank makes the same mistake.
+- Any other invalid argument (a 0-d tensor for reducescatter, a root rank
+  outside the set, bad splits, an op the dtype cannot take) still goes to
+  the negotiation, marked invalid with the reason. Every rank of the call
+  then gets :class:`InvalidCallError` naming the ranks that were wrong, so a
+  call that is wrong on one rank never leaves the others waiting. Nothing
+  reaches the data plane, and the next collective works.
+- Ranks that disagree (shapes, dtypes, ops, root ranks) get
+  :class:`TensorMismatchError` from the coordinator, for that call only.
+
+Gradients follow Horovod's definitions: allreduce's is the same allreduce of
+the incoming gradient; broadcast's is the average of the incoming gradients
+at the root and zeros elsewhere; allgather's is the average of the incoming
+gradients, of which each rank takes its own rows; reducescatter's is the
+allgather of the incoming gradients, times the set's size for Sum, times
+the prescale and postscale factors; alltoall's sends the gradients back
+where their rows came from. Grouped calls follow the same rules as one group.
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hora_native import BackendError, backend_for_device
+
+from .. import _runtime
+from .._engine import Entry, Handle
+from .._ops import OpType, ReduceOp
+from ..errors import InvalidCallError, InvalidTypeError
+from ._basics import (
+    ProcessSet,
+    check_process_set,
+    global_process_set,
+    rank,
+    register,
+    size,
+    synchronize,
+)
+
+__all__ = [
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+    "barrier", "join", "start_timeline", "stop_timeline",
+]
+
+# Element types every reduction takes (bool as logic: Sum is or, Product and).
+# Collectives that only move data take every dtype: they move bytes.
+_REDUCIBLE = frozenset({
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+    torch.bfloat16, torch.float32, torch.float64, torch.bool})
+_SCATTER_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
+
+
+# -- validation ----------------------------------------------------------------
+
+
+def _tensor(tensor: Any, what: str = "tensor") -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidTypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_sparse:
+        raise InvalidTypeError(f"{what} is sparse: use hvd.sparse_allreduce_async (or "
+                               f"allgather its indices and values, or sparse_as_dense=True)")
+    return tensor
+
+
+def _tensors(tensors: Any, call: str) -> list[torch.Tensor]:
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
+        raise InvalidTypeError(f"{call} takes a list of tensors, got {type(tensors).__name__}")
+    if not tensors:
+        raise InvalidCallError(f"{call} needs at least one tensor")
+    return [_tensor(t, f"{call}'s tensor {i}") for i, t in enumerate(tensors)]
+
+
+def _device_problem(tensor: torch.Tensor) -> str | None:
+    try:
+        backend_for_device(tensor.device.type)
+    except BackendError as exc:
+        return str(exc)
+    return None
+
+
+def _op(op: Any, average: bool | None) -> tuple[ReduceOp, str | None]:
+    """The reduction asked for, and what is wrong with the request (SUM stands in then)."""
+    if op is not None and average is not None:
+        return ReduceOp.SUM, "pass either op= or the deprecated average=, not both"
+    if average is not None:
+        warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
+        return (ReduceOp.AVERAGE if average else ReduceOp.SUM), None
+    if op is None:
+        return ReduceOp.AVERAGE, None
+    try:
+        return ReduceOp(op), None
+    except ValueError:
+        return ReduceOp.SUM, f"op {op!r} is not one of hvd.Average, Sum, Adasum, Min, Max, Product"
+
+
+def _reduction_problem(tensor: torch.Tensor, op: ReduceOp, pre: float, post: float,
+                       call: str) -> str | None:
+    problem = _device_problem(tensor)
+    if problem is not None:
+        return problem
+    if tensor.dtype not in _REDUCIBLE:
+        return f"{call} cannot reduce {tensor.dtype}"
+    if tensor.dtype == torch.bool and (op in (ReduceOp.AVERAGE, ReduceOp.ADASUM)
+                                       or pre != 1.0 or post != 1.0):
+        return (f"{call} of a bool tensor takes op Sum (or), Min, Max or Product, without "
+                f"scale factors; got op {op.name} with factors {pre} and {post}")
+    if op == ReduceOp.ADASUM and not tensor.is_floating_point():
+        return f"op=hvd.Adasum needs a floating point tensor, got {tensor.dtype}"
+    return None
+
+
+def _scale_factors(prescale_factor: Any, postscale_factor: Any) -> tuple[float, float]:
+    try:
+        return float(prescale_factor), float(postscale_factor)
+    except (TypeError, ValueError):
+        raise InvalidTypeError(f"prescale_factor and postscale_factor must be numbers, got "
+                               f"{prescale_factor!r} and {postscale_factor!r}") from None
+
+
+# -- submission -------------------------------------------------------------------
+
+
+def _name(name: str | None, op: str, set_id: int) -> str:
+    if name is not None and not isinstance(name, str):
+        raise InvalidTypeError(f"name must be a string, got {type(name).__name__}")
+    return name if name else _runtime.current().auto_name(op, set_id)
+
+
+def _submit(entry: Entry, problem: str | None) -> int:
+    """Enqueues ``entry``; an invalid one fails on every rank of the call, and here at once.
+
+    Raises:
+        InvalidCallError: ``problem`` was given (or another rank's call was invalid).
+    """
+    return _submit_all([entry], problem, lambda handles: handles[0])
+
+
+def _submit_all(entries: list[Entry], problem: str | None,
+                handle_of: Callable[[list[Handle]], Handle]) -> int:
+    engine = _runtime.current().engine
+    for entry in entries:
+        entry.invalid = problem or ""
+    handle = register(handle_of([engine.enqueue(entry) for entry in entries]))
+    if problem is not None:
+        synchronize(handle)  # raises the InvalidCallError every rank of the call gets
+    return handle
+
+
+def _copy_back(target: torch.Tensor) -> Any:
+    def result(value: torch.Tensor) -> torch.Tensor:
+        if value is not target:
+            target.copy_(value.view_as(target))
+        return target
+    return result
+
+
+def _in_place(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """The buffer a collective writes for ``tensor``, and how the result reaches ``tensor``."""
+    if tensor.is_contiguous():
+        return tensor, None
+    return tensor.contiguous(), _copy_back(tensor)
+
+
+class _Group(Handle):
+    """One handle over the tensors of a grouped call; waits for all of them."""
+
+    __slots__ = ("handles",)
+
+    def __init__(self, handles: list[Handle]) -> None:
+        super().__init__("group")
+        self.handles = handles
+
+    def done(self) -> bool:
+        return all(h.done() for h in self.handles)
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        return [h.wait(timeout) for h in self.handles]
+
+
+# -- allreduce ---------------------------------------------------------------------
+
+
+def _allreduce_entry(tensor: torch.Tensor, name: str, op: ReduceOp, pre: float, post: float,
+                     set_id: int, group_id: int = 0, group_size: int = 0) -> Entry:
+    buffer, result = _in_place(tensor)
+    return Entry(name=name, op_type=OpType.ALLREDUCE, buffer=buffer, handle=Handle(name),
+                 reduce_op=op, prescale_factor=pre, postscale_factor=post,
+                 process_set_id=set_id, group_id=group_id, group_size=group_size,
+                 result=result)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Starts an in-place allreduce of ``tensor``; returns a handle."""
+    tensor = _tensor(tensor)
+    set_id = check_process_set(process_set)
+    pre, post = _scale_factors(prescale_factor, postscale_factor)
+    op, problem = _op(op, average)
+    problem = problem or _reduction_problem(tensor, op, pre, post, "allreduce")
+    name = _name(name, "allreduce", set_id)
+    if op == ReduceOp.ADASUM and problem is None:
+        return _adasum_async_(tensor, name, pre, post, set_id)
+    return _submit(_allreduce_entry(tensor, name, op, pre, post, set_id), problem)
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Starts an allreduce into a new tensor; returns a handle."""
+    output = _tensor(tensor).detach().clone(memory_format=torch.contiguous_format)
+    return allreduce_async_(output, average, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Allreduces ``tensor`` in place and returns it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp,
+                pre: float, post: float, process_set: ProcessSet) -> torch.Tensor:
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, pre, post, process_set
+        return synchronize(allreduce_async(tensor, None, name, op, pre, post, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        reduced = synchronize(allreduce_async(grad.contiguous(), None, None, ctx.op, ctx.pre,
+                                              ctx.post, ctx.process_set))
+        return reduced, None, None, None, None, None
+
+
+def _compressed(compression: Any, tensors: list[torch.Tensor],
+                run: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> list[torch.Tensor]:
+    if compression is None:
+        return run(tensors)
+    pairs = [compression.compress(t) for t in tensors]
+    outputs = run([wire for wire, _ctx in pairs])
+    return [compression.decompress(out, ctx) for out, (_wire, ctx) in zip(outputs, pairs,
+                                                                          strict=True)]
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: Any = None, op: ReduceOp | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Returns the reduction of ``tensor`` over all ranks (differentiable).
+
+    Args:
+        tensor: the tensor to reduce; every rank passes the same shape and dtype.
+        name: a name unique among in-flight operations; generated when omitted.
+        compression: ``hvd.Compression.none`` (default) or ``fp16``/``bf16``.
+        op: ``hvd.Average`` (default), ``Sum``, ``Adasum``, ``Min``, ``Max`` or ``Product``.
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies the result after the reduction.
+    """
+    resolved, problem = _op(op, average)
+    if problem is not None:  # fails on every rank of the call
+        return allreduce_(_tensor(tensor).detach().clone(), average, name, op,
+                          prescale_factor, postscale_factor, process_set)
+    pre, post = _scale_factors(prescale_factor, postscale_factor)
+    return _compressed(compression, [_tensor(tensor)], lambda wire: [_AllreduceFunction.apply(
+        wire[0], name, resolved, pre, post, process_set)])[0]
+
+
+class _AdasumHandle(Handle):
+    """Adasum over a gathered tensor: combined by the Adasum rule when waited on."""
+
+    __slots__ = ("inner", "target", "pre", "post")
+
+    def __init__(self, inner: Handle, target: torch.Tensor, pre: float, post: float) -> None:
+        super().__init__(inner.name)
+        self.inner, self.target, self.pre, self.post = inner, target, pre, post
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        from .adasum import adasum_reduce
+
+        gathered = self.inner.wait(timeout)
+        combined = adasum_reduce(list(gathered * self.pre if self.pre != 1.0 else gathered))
+        if self.post != 1.0:
+            combined = combined * self.post
+        with torch.no_grad():
+            self.target.copy_(combined.reshape(self.target.shape))
+        return self.target
+
+
+def _adasum_async_(tensor: torch.Tensor, name: str, pre: float, post: float,
+                   set_id: int) -> int:
+    # Every rank gathers every rank's tensor and applies the Adasum tree
+    # locally: the same result everywhere, at O(size) memory per tensor.
+    flat = tensor.detach().reshape(1, -1).contiguous()
+    entry = Entry(name=name, op_type=OpType.ALLGATHER, buffer=flat, handle=Handle(name),
+                  process_set_id=set_id)
+    inner = _runtime.current().engine.enqueue(entry)
+    return register(_AdasumHandle(inner, tensor, pre, post))
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: ReduceOp | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> int:
+    """Starts an in-place allreduce of ``tensors`` as one group; returns one handle."""
+    tensors = _tensors(tensors, "grouped_allreduce")
+    set_id = check_process_set(process_set)
+    pre, post = _scale_factors(prescale_factor, postscale_factor)
+    op, problem = _op(op, average)
+    if problem is None and op == ReduceOp.ADASUM:
+        problem = "grouped_allreduce does not support op=hvd.Adasum; reduce the tensors one by one"
+    for tensor in tensors:
+        problem = problem or _reduction_problem(tensor, op, pre, post, "grouped_allreduce")
+    base = _name(name, "grouped_allreduce", set_id)
+    # Derived from the name so that every rank computes the same id.
+    group_id = zlib.crc32(base.encode()) + 1
+    entries = [_allreduce_entry(t, f"{base}.{i}", op, pre, post, set_id, group_id, len(tensors))
+               for i, t in enumerate(tensors)]
+    return _submit_all(entries, problem, _Group)
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: ReduceOp | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Starts a grouped allreduce into new tensors; returns one handle."""
+    outputs = [t.detach().clone(memory_format=torch.contiguous_format)
+               for t in _tensors(tensors, "grouped_allreduce")]
+    return grouped_allreduce_async_(outputs, average, name, op, prescale_factor,
+                                    postscale_factor, process_set)
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ReduceOp | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Allreduces ``tensors`` in place as one group and returns them."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, op: ReduceOp, pre: float, post: float,
+                process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, pre, post, process_set
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, pre,
+                                                         post, process_set)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        reduced = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], None,
+                                                      None, ctx.op, ctx.pre, ctx.post,
+                                                      ctx.process_set))
+        return (None, None, None, None, None, *reduced)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                      name: str | None = None, compression: Any = None,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Reduces several tensors as one negotiated, fused group (differentiable)."""
+    resolved, problem = _op(op, average)
+    if problem is not None:  # fails on every rank of the call
+        return grouped_allreduce_([t.detach().clone() for t in
+                                   _tensors(tensors, "grouped_allreduce")], average, name, op,
+                                  prescale_factor, postscale_factor, process_set)
+    pre, post = _scale_factors(prescale_factor, postscale_factor)
+    return _compressed(compression, _tensors(tensors, "grouped_allreduce"), lambda wire: list(
+        _GroupedAllreduceFunction.apply(name, resolved, pre, post, process_set, *wire)))
+
+
+# -- allgather ---------------------------------------------------------------------
+
+
+def _allgather_entry(tensor: torch.Tensor, name: str, set_id: int) -> Entry:
+    tensor = tensor.detach()
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1)
+    return Entry(name=name, op_type=OpType.ALLGATHER, buffer=tensor.contiguous(),
+                 handle=Handle(name), process_set_id=set_id)
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Starts concatenating every rank's ``tensor`` along dim 0 (sizes may differ)."""
+    tensor = _tensor(tensor)
+    set_id = check_process_set(process_set)
+    problem = _device_problem(tensor)
+    return _submit(_allgather_entry(tensor, _name(name, "allgather", set_id), set_id), problem)
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Starts allgathers of several tensors under one handle (a list of results)."""
+    tensors = _tensors(tensors, "grouped_allgather")
+    set_id = check_process_set(process_set)
+    problem = None
+    for tensor in tensors:
+        problem = problem or _device_problem(tensor)
+    base = _name(name, "grouped_allgather", set_id)
+    entries = [_allgather_entry(t, f"{base}.{i}", set_id) for i, t in enumerate(tensors)]
+    return _submit_all(entries, problem, _Group)
+
+
+class _GroupedAllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, process_set: ProcessSet, single: bool,
+                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.shapes = [t.shape for t in tensors]
+        ctx.process_set = process_set
+        if single:
+            return (synchronize(allgather_async(tensors[0], name, process_set)),)
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        process_set = ctx.process_set
+        averaged = synchronize(grouped_allreduce_async([g.contiguous() for g in grads],
+                                                       op=ReduceOp.AVERAGE,
+                                                       process_set=process_set))
+        rows = [shape[0] if len(shape) else 1 for shape in ctx.shapes]
+        counts = synchronize(allgather_async(torch.tensor([rows]), process_set=process_set))
+        offsets = counts[: process_set.rank()].sum(dim=0) if process_set.rank() else \
+            torch.zeros(len(rows), dtype=torch.int64)
+        return (None, None, None, *[g.narrow(0, int(offsets[i]), rows[i]).reshape(ctx.shapes[i])
+                                    for i, g in enumerate(averaged)])
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenates every rank's ``tensor`` along dim 0; first dimensions may differ."""
+    return _GroupedAllgatherFunction.apply(name, process_set, True, _tensor(tensor))[0]
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Allgathers several tensors as one call (differentiable)."""
+    return list(_GroupedAllgatherFunction.apply(name, process_set, False,
+                                                *_tensors(tensors, "grouped_allgather")))
+
+
+# -- broadcast ---------------------------------------------------------------------
+
+
+def _root(root_rank: Any, process_set: ProcessSet) -> tuple[int, str | None]:
+    try:
+        root = int(root_rank)
+    except (TypeError, ValueError):
+        raise InvalidTypeError(f"root_rank must be an integer, got {root_rank!r}") from None
+    if not 0 <= root < size():
+        return 0, f"root_rank {root} is outside the world of size {size()}"
+    if process_set.ranks is not None and root not in process_set.ranks:
+        return 0, f"root_rank {root} is not in {process_set}"
+    return root, None
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Starts overwriting ``tensor`` with the root rank's value, in place."""
+    tensor = _tensor(tensor)
+    set_id = check_process_set(process_set)
+    root, problem = _root(root_rank, process_set)
+    problem = problem or _device_problem(tensor)
+    name = _name(name, "broadcast", set_id)
+    buffer, result = _in_place(tensor)
+    return _submit(Entry(name=name, op_type=OpType.BROADCAST, buffer=buffer,
+                         handle=Handle(name), root_rank=root, process_set_id=set_id,
+                         result=result), problem)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Starts a broadcast of the root rank's ``tensor`` into a new tensor."""
+    output = _tensor(tensor).detach().clone(memory_format=torch.contiguous_format)
+    return broadcast_async_(output, root_rank, name, process_set)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Overwrites ``tensor`` with the root rank's value, in place, and returns it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _BroadcastFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        averaged = synchronize(allreduce_async(grad.contiguous(), op=ReduceOp.AVERAGE,
+                                               process_set=ctx.process_set))
+        if rank() != int(ctx.root_rank):
+            averaged = torch.zeros_like(averaged)
+        return averaged, None, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Returns the root rank's ``tensor`` on every rank (differentiable)."""
+    return _BroadcastFunction.apply(_tensor(tensor), root_rank, name, process_set)
+
+
+# -- alltoall ----------------------------------------------------------------------
+
+
+def _splits(tensor: torch.Tensor, splits: Any, world: int) -> tuple[list[int], str | None]:
+    if tensor.dim() == 0:
+        return [], "alltoall needs a tensor with at least one dimension"
+    rows = tensor.shape[0]
+    if splits is None:
+        if rows % world:
+            return [], (f"alltoall without splits needs a first dimension divisible by the "
+                        f"process set size {world}, got {rows}")
+        return [rows // world] * world, None
+    if isinstance(splits, torch.Tensor):
+        if splits.is_floating_point() or splits.is_complex() or splits.dtype == torch.bool:
+            return [], f"alltoall splits must be integers, got a {splits.dtype} tensor"
+        values = splits.reshape(-1).tolist()
+    else:
+        try:
+            values = list(splits)
+        except TypeError:
+            raise InvalidTypeError(f"alltoall splits must be a list or tensor of integers, "
+                                   f"got {type(splits).__name__}") from None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            return [], f"alltoall splits must be integers, got {values}"
+    if len(values) != world or any(v < 0 for v in values) or sum(values) != rows:
+        return [], (f"alltoall splits {values} must have {world} non-negative entries summing "
+                    f"to the first dimension {rows}")
+    return values, None
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Starts scattering slices of ``tensor`` to every rank and gathering theirs.
+
+    ``splits[r]`` rows go to rank r; without splits the first dimension is
+    divided evenly (it must be divisible by the set's size).
+    """
+    tensor = _tensor(tensor).detach().contiguous()
+    set_id = check_process_set(process_set)
+    split_list, problem = _splits(tensor, splits, process_set.size())
+    problem = problem or _device_problem(tensor)
+    name = _name(name, "alltoall", set_id)
+    return _submit(Entry(name=name, op_type=OpType.ALLTOALL, buffer=tensor, handle=Handle(name),
+                         splits=split_list, process_set_id=set_id), problem)
+
+
+class _AlltoallFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
+                process_set: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.process_set = process_set
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _unused: Any) -> tuple[Any, ...]:
+        grad_in, _ = synchronize(alltoall_async(grad.contiguous(), ctx.received,
+                                                process_set=ctx.process_set))
+        return grad_in, None, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Exchanges slices of ``tensor`` between all ranks (differentiable).
+
+    Returns:
+        The gathered tensor; with ``splits`` given, a pair ``(tensor,
+        received_splits)`` where ``received_splits[r]`` rows came from rank r.
+    """
+    output, received = _AlltoallFunction.apply(_tensor(tensor), splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+# -- reducescatter -----------------------------------------------------------------
+
+
+def _reducescatter_entry(tensor: torch.Tensor, name: str, op: ReduceOp, pre: float,
+                         post: float, set_id: int) -> Entry:
+    return Entry(name=name, op_type=OpType.REDUCESCATTER,
+                 buffer=tensor.detach().clone(memory_format=torch.contiguous_format),
+                 handle=Handle(name), reduce_op=op, prescale_factor=pre,
+                 postscale_factor=post, process_set_id=set_id)
+
+
+def _reducescatter_problem(tensor: torch.Tensor, op: ReduceOp, pre: float,
+                           post: float) -> str | None:
+    if tensor.dim() == 0:
+        return "reducescatter needs a tensor with at least one dimension"
+    if op not in _SCATTER_OPS:
+        return f"reducescatter does not support op {op.name}"
+    return _reduction_problem(tensor, op, pre, post, "reducescatter")
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
+                        op: ReduceOp | None = None,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    """Starts reducing ``tensor`` and scattering its rows: rank r keeps its share."""
+    return _reducescatter_async([tensor], name, op, process_set, prescale_factor,
+                                postscale_factor, single=True)
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: ReduceOp | None = None,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    """Starts reducescatters of several tensors under one handle (a list of results)."""
+    return _reducescatter_async(tensors, name, op, process_set, prescale_factor,
+                                postscale_factor, single=False)
+
+
+def _reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None, op: Any,
+                         process_set: ProcessSet, prescale_factor: float,
+                         postscale_factor: float, single: bool) -> int:
+    """One reducescatter (``single``: its handle gives a tensor) or a group of them."""
+    tensors = _tensors(tensors, "reducescatter" if single else "grouped_reducescatter")
+    set_id = check_process_set(process_set)
+    pre, post = _scale_factors(prescale_factor, postscale_factor)
+    op, problem = _op(op, None)
+    for tensor in tensors:
+        problem = problem or _reducescatter_problem(tensor, op, pre, post)
+    if single:
+        return _submit(_reducescatter_entry(tensors[0], _name(name, "reducescatter", set_id), op,
+                                            pre, post, set_id), problem)
+    base = _name(name, "grouped_reducescatter", set_id)
+    entries = [_reducescatter_entry(t, f"{base}.{i}", op, pre, post, set_id)
+               for i, t in enumerate(tensors)]
+    return _submit_all(entries, problem, _Group)
+
+
+class _GroupedReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, op: ReduceOp, process_set: ProcessSet, pre: float,
+                post: float, single: bool, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.op, ctx.process_set, ctx.scale = op, process_set, pre * post
+        result = synchronize(_reducescatter_async(list(tensors), name, op, process_set, pre,
+                                                  post, single))
+        return (result,) if single else tuple(result)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        gathered = synchronize(grouped_allgather_async([g.contiguous() for g in grads],
+                                                       process_set=ctx.process_set))
+        scale = ctx.scale * (ctx.process_set.size() if ctx.op == ReduceOp.SUM else 1)
+        return (None, None, None, None, None, None, *[g * scale for g in gathered])
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Any = None,
+                  op: ReduceOp | None = None,
+                  process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduces ``tensor`` over all ranks and returns this rank's rows (differentiable).
+
+    Rank r receives ``split_rows(n, size)[r]`` rows: the first ``n % size``
+    ranks get one extra row.
+    """
+    return _reducescatter([tensor], name, compression, op, process_set, prescale_factor,
+                          postscale_factor, single=True)[0]
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression: Any = None, op: ReduceOp | None = None,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reducescatters several tensors as one call (differentiable)."""
+    return _reducescatter(tensors, name, compression, op, process_set, prescale_factor,
+                          postscale_factor, single=False)
+
+
+def _reducescatter(tensors: Sequence[torch.Tensor], name: str | None, compression: Any,
+                   op: Any, process_set: ProcessSet, prescale_factor: float,
+                   postscale_factor: float, single: bool) -> list[torch.Tensor]:
+    resolved, problem = _op(op, None)
+    if problem is not None:  # fails on every rank of the call
+        result = synchronize(_reducescatter_async(tensors, name, op, process_set,
+                                                  prescale_factor, postscale_factor, single))
+        return [result] if single else result
+    pre, post = _scale_factors(prescale_factor, postscale_factor)
+    call = "reducescatter" if single else "grouped_reducescatter"
+    return _compressed(compression, _tensors(tensors, call), lambda wire: list(
+        _GroupedReducescatterFunction.apply(name, resolved, process_set, pre, post, single,
+                                            *wire)))
+
+
+# -- sparse ------------------------------------------------------------------------
+
+
+class _SparseHandle(Handle):
+    """A sparse allreduce: every rank's indices and values, gathered and combined."""
+
+    __slots__ = ("indices", "values", "like", "divisor")
+
+    def __init__(self, name: str, indices: Handle, values: Handle, like: torch.Tensor,
+                 divisor: int) -> None:
+        super().__init__(name)
+        self.indices, self.values, self.like, self.divisor = indices, values, like, divisor
+
+    def done(self) -> bool:
+        return self.indices.done() and self.values.done()
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        values = self.values.wait(timeout)
+        indices = self.indices.wait(timeout)
+        if self.divisor != 1:
+            values = values / self.divisor
+        return torch.sparse_coo_tensor(indices.t(), values, self.like.shape)
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
+                           op: ReduceOp | None = None,
+                           process_set: ProcessSet = global_process_set) -> int:
+    """Starts summing (or averaging) a sparse tensor over all ranks; returns a handle.
+
+    The result is a sparse COO tensor holding every rank's entries (not
+    coalesced: entries that several ranks have appear once per rank and add
+    up when coalesced or used).
+    """
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise InvalidTypeError(f"sparse_allreduce_async takes a sparse tensor, got {tensor!r:.80}")
+    set_id = check_process_set(process_set)
+    op, problem = _op(op, None)
+    if problem is None and op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        problem = f"sparse_allreduce supports op Average and Sum, not {op.name}"
+    base = _name(name, "sparse_allreduce", set_id)
+    tensor = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    # Allgather concatenates along dim 0: send the indices transposed, one row per entry.
+    entries = [_allgather_entry(tensor.indices().t(), f"{base}.indices", set_id),
+               _allgather_entry(tensor.values(), f"{base}.values", set_id)]
+    divisor = process_set.size() if op == ReduceOp.AVERAGE else 1
+    return _submit_all(entries, problem,
+                       lambda handles: _SparseHandle(base, *handles, tensor, divisor))
+
+
+# -- barrier, join, timeline -------------------------------------------------------
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts recording a Chrome-trace timeline to ``file_path`` (written by rank 0).
+
+    Open it in chrome://tracing or Perfetto; events carry Horovod's names
+    (NEGOTIATE_ALLREDUCE, QUEUE, MEMCPY_IN_FUSION_BUFFER, GLOO_ALLREDUCE, ...).
+    """
+    _runtime.current().engine.start_timeline(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stops recording the timeline and closes its file."""
+    _runtime.current().engine.stop_timeline()
+
+
+def join(device: int = -1) -> int:
+    """Declares that this rank has no more data; returns the last rank to join.
+
+    Until every rank has joined, the other ranks' allreduces complete
+    without this one (it contributes zeros to sums and averages, and the
+    identity to min, max and product). Other collectives that need a joined
+    rank fail with a clear error.
+    """
+    del device  # Horovod's argument picks a GPU for the zeros; ours follow the tensor
+    name = _runtime.current().auto_name("join")
+    return synchronize(_submit(Entry(name=name, op_type=OpType.JOIN, buffer=torch.empty(0),
+                                     handle=Handle(name)), None))
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Returns once every rank of the process set has reached it."""
+    set_id = check_process_set(process_set)
+    name = _name(None, "barrier", set_id)
+    synchronize(_submit(Entry(name=name, op_type=OpType.BARRIER, buffer=torch.empty(0),
+                              handle=Handle(name), process_set_id=set_id), None))
