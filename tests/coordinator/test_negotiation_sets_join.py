@@ -149,6 +149,36 @@ def test_mismatch_in_a_set_names_global_ranks():
     )
 
 
+def test_a_call_invalid_on_one_rank_fails_on_every_rank_of_its_set_naming_why():
+    job = form(3)
+    add_set(job, 1, [0, 2])
+    assert submit(job, 0, treq("t", shape=(), process_set_id=1)) == []
+    effects = submit(
+        job, 2, treq("t", shape=(), process_set_id=1, invalid="needs at least one dimension")
+    )
+    for worker in ("w0", "w2"):
+        (response,) = responses_to(effects, worker)
+        assert response.type == npb.RESPONSE_TYPE_ERROR
+        assert response.error_kind == npb.ERROR_KIND_INVALID
+        assert response.error_message == (
+            "tensor 't': invalid call on rank 2: needs at least one dimension"
+        )
+    assert responses_to(effects, "w1") == []
+
+
+def test_an_invalid_call_wins_over_a_mismatch_and_fails_a_whole_group():
+    job = form(2)
+    group = {"group_id": 7, "group_size": 2}
+    submit(job, 0, treq("g.0", **group), treq("g.1", dtype="float64", **group))
+    effects = submit(
+        job, 1, treq("g.0", **group), treq("g.1", invalid="op Adasum on int32", **group)
+    )
+    (response,) = responses_to(effects, "w0")
+    assert list(response.tensor_names) == ["g.0", "g.1"]
+    assert response.error_kind == npb.ERROR_KIND_INVALID
+    assert "rank 1: op Adasum on int32" in response.error_message
+
+
 def test_removing_a_set_fails_its_pending_tensors_on_their_submitters():
     job = form(3, fusion_threshold_bytes=1024)
     add_set(job, 1, [0, 2])
