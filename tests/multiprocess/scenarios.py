@@ -362,7 +362,9 @@ def process_set_gradients():
         (hvd.allgather(x, process_set=pset) * torch.arange(4.0)).sum().backward()
         y = torch.ones(4, requires_grad=True)
         hvd.reducescatter(y, op=hvd.Average, process_set=pset).sum().backward()
-        out = (x.grad, y.grad)
+        z = torch.ones(4, requires_grad=True)
+        hvd.reducescatter(z, op=hvd.Sum, process_set=pset).sum().backward()
+        out = (x.grad, y.grad, z.grad)
     hvd.remove_process_set(pset)
     return out
 

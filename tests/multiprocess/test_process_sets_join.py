@@ -69,11 +69,14 @@ def test_gradients_through_a_process_set_use_the_sets_rank_and_size(shared_coord
                                             "process_set_gradients")]
     assert results[0] is None
     for position, rank in enumerate((1, 2)):
-        x_grad, y_grad = results[rank]
-        # d/dx of sum(allgather(x) * w): both members' w, at this member's rows.
-        torch.testing.assert_close(x_grad, 2 * torch.arange(4.0)[2 * position:2 * position + 2])
-        # Averaged over the set's 2 members, not the world's 3 ranks.
-        torch.testing.assert_close(y_grad, torch.full((4,), 0.5))
+        x_grad, y_grad, z_grad = results[rank]
+        # d/dx of sum(allgather(x) * w): the members' w averaged (Horovod's
+        # definition), at this member's rows.
+        torch.testing.assert_close(x_grad, torch.arange(4.0)[2 * position:2 * position + 2])
+        # reducescatter's gradient is the allgather of the incoming ones: 1 for
+        # Average, times the set's 2 members (not the world's 3 ranks) for Sum.
+        torch.testing.assert_close(y_grad, torch.ones(4))
+        torch.testing.assert_close(z_grad, torch.full((4,), 2.0))
 
 
 @pytest.mark.timeout(60)

@@ -147,10 +147,10 @@ def _raise_on_any_rank(call: str, calls: list[tuple[Any, str | None]]) -> None:
     """
     problems = [f"rank {r}: {problem}" for r, (_arg, problem) in enumerate(calls) if problem]
     if problems:
-        raise ValueError(f"{call} failed on every rank because of " + "; ".join(problems))
+        raise InvalidCallError(f"{call} failed on every rank because of " + "; ".join(problems))
     if any(arg != calls[0][0] for arg, _problem in calls):
         detail = "; ".join(f"rank {r}: {arg}" for r, (arg, _problem) in enumerate(calls))
-        raise ValueError(f"ranks called {call} with different sets: {detail}")
+        raise InvalidCallError(f"ranks called {call} with different sets: {detail}")
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
