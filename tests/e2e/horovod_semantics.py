@@ -162,6 +162,15 @@ def dtype_matrix() -> dict:
             c.check(f"{tag} alltoall even", hvd.alltoall(even, process_set=pset),
                     torch.cat([make_input(r, dtype, 2 * n, dim, salt=3)[2 * me:2 * me + 2]
                                for r in ranks]))
+    # sparse_allreduce_async: every rank's entries, summed (or averaged) once coalesced.
+    dense = [torch.zeros(6, 3) for _ in range(hvd.size())]
+    for r, d in enumerate(dense):
+        d[r] = r + 1.0
+        d[5] = 2.0
+    for oname, divisor in (("Sum", 1), ("Average", hvd.size())):
+        got = hvd.synchronize(hvd.sparse_allreduce_async(dense[rank].to_sparse(), op=REDUCE_OPS[
+            oname], name=f"sparse.{oname}"))
+        c.check(f"sparse_allreduce {oname}", got.to_dense(), sum(dense) / divisor)
     return c.report()
 
 
