@@ -58,3 +58,69 @@ def test_a_real_horovod_is_never_shadowed(tmp_path):
                 env={"PYTHONPATH": str(tmp_path / "site")})
     assert proc.returncode == 2
     assert "a real Horovod is installed" in proc.stderr and str(fake) in proc.stderr
+
+
+SETTINGS_SCRIPT = """
+import logging
+import os
+import horovod.torch as hvd
+from hora._runtime import current
+hvd.init()
+s = current().settings
+print("settings", hvd.rank(), s.fusion_threshold, s.cycle_time.total_seconds(),
+      s.cache_capacity, s.collective_timeout.total_seconds(),
+      s.stall_warning_time.total_seconds(), s.stall_shutdown_time.total_seconds(),
+      s.timeline_mark_cycles, s.log_level, s.log_hide_time, s.autotune_max_samples,
+      os.environ.get("NCCL_IB_DISABLE"))
+logging.getLogger("hora.script").info("info-marker from rank %d", hvd.rank())
+hvd.shutdown()
+"""
+
+CONFIG_FILE = """
+params:
+  fusion_threshold_mb: 2
+  cycle_time_ms: 3
+  cache_capacity: 0
+stall_check:
+  enabled: false
+library_options:
+  gloo_timeout_seconds: 77
+  num_nccl_streams: 2
+logging:
+  level: INFO
+  with_timestamp: false
+"""
+
+
+def test_horovodrun_flags_and_config_file_reach_the_workers(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SETTINGS_SCRIPT)
+    config = tmp_path / "hvd.yaml"
+    config.write_text(CONFIG_FILE)
+    proc = _run([str(BIN / "horovodrun"), "-np", "2", "--config-file", str(config),
+                 "--cycle-time-ms", "4", "--autotune-bayes-opt-max-samples", "6",
+                 "--hierarchical-allreduce", "--tcp", "--disable-cache",
+                 "-hostfile", str(_hostfile(tmp_path)), "--prefix-output-with-timestamp",
+                 "--mpi-threads-disable", sys.executable, str(script)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in range(2):
+        # The flag's 4 ms wins over the file's 3 ms; the rest is the file's.
+        line = (f"[{rank}]<stdout>:settings {rank} 2097152 0.004 0 77.0 0.0 0.0 False INFO "
+                f"True 6 1")
+        assert line in proc.stdout, proc.stdout
+        assert f"[{rank}]<stderr>:INFO hora.script: info-marker from rank {rank}" in proc.stderr
+    # Every line starts with the time, as horovodrun's do.
+    assert all(line[:3] in ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+               for line in proc.stdout.splitlines())
+    notices = [line for line in proc.stderr.splitlines() if line.startswith("horarun: ignoring")]
+    assert len(notices) == 3, proc.stderr
+    assert any("--hierarchical-allreduce: hora has no hierarchical allreduce" in n
+               for n in notices)
+    assert any("library_options.num_nccl_streams" in n for n in notices)
+    assert any("--mpi-threads-disable" in n for n in notices)
+
+
+def _hostfile(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("localhost slots=2\n")
+    return path

@@ -128,11 +128,13 @@ class _Reader(threading.Thread):
     """Forwards one pipe of one worker, line by line, with the worker's label."""
 
     def __init__(self, label: str, stream_name: str, pipe: BinaryIO, sink: _Sink,
-                 prefix: bool, copy_to: Path | None, append: bool) -> None:
+                 prefix: bool, copy_to: Path | None, append: bool,
+                 timestamp: bool = False) -> None:
         super().__init__(name=f"horarun-{stream_name}-{label}", daemon=True)
         self._pipe = pipe
         self._sink = sink
         self._prefix = f"[{label}]<{stream_name}>:" if prefix else ""
+        self._timestamp = timestamp
         self._copy_to = copy_to
         self._mode = "a" if append else "w"
 
@@ -148,7 +150,12 @@ class _Reader(threading.Thread):
                 if not text.endswith("\n"):
                     # A partial last line, or a chunk of an overlong one.
                     text += "\n"
-                self._sink.write(self._prefix + text)
+                stamp = ""
+                if self._timestamp:
+                    # horovodrun's --prefix-output-with-timestamp layout.
+                    stamp = time.strftime("%a %b %d %H:%M:%S %Y")
+                    stamp += "" if self._prefix else " "
+                self._sink.write(stamp + self._prefix + text)
                 if copy is not None:
                     copy.write(text)
                     copy.flush()
@@ -187,12 +194,14 @@ class WorkerOutput:
         stdout: where worker stdout goes (default ``sys.stdout``).
         stderr: where worker stderr and launcher messages go (default ``sys.stderr``).
         remote: how to start workers on other machines (None: this machine only).
+        timestamp: start every forwarded line with the local time.
     """
 
     def __init__(self, *, prefix: bool = True, output_dir: str | None = None,
                  stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 remote: RemoteShell | None = None) -> None:
+                 remote: RemoteShell | None = None, timestamp: bool = False) -> None:
         self._prefix = prefix
+        self._timestamp = timestamp
         self._remote = remote
         self._output_dir = Path(output_dir) if output_dir else None
         self._out = _Sink(stdout or sys.stdout)
@@ -255,7 +264,8 @@ class WorkerOutput:
         pipes = (("stdout", cast(BinaryIO, proc.stdout), self._out),
                  ("stderr", cast(BinaryIO, proc.stderr), self._err))
         for name, pipe, sink in pipes:
-            reader = _Reader(label, name, pipe, sink, self._prefix, copies[name], append)
+            reader = _Reader(label, name, pipe, sink, self._prefix, copies[name], append,
+                             self._timestamp)
             reader.start()
             self._readers.append(reader)
         if first_input:
@@ -328,16 +338,18 @@ class Supervisor:
         stderr: where prefixed worker stderr and launcher messages go
             (default ``sys.stderr``).
         remote: how to start workers on other machines (None: this machine only).
+        timestamp: start every forwarded line with the local time.
     """
 
     def __init__(self, specs: Sequence[WorkerSpec], *, prefix: bool = True,
                  output_dir: str | None = None, grace_period: float = GRACE_PERIOD,
                  stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 remote: RemoteShell | None = None) -> None:
+                 remote: RemoteShell | None = None, timestamp: bool = False) -> None:
         self._specs = list(specs)
         self._grace = grace_period
         self._output = WorkerOutput(prefix=prefix, output_dir=output_dir,
-                                    stdout=stdout, stderr=stderr, remote=remote)
+                                    stdout=stdout, stderr=stderr, remote=remote,
+                                    timestamp=timestamp)
         self._signals = SignalRecorder()
         self._workers: list[_Worker] = []
         self._exit_code: int | None = None
