@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,12 @@ DRAIN_TIMEOUT = 5.0
 # Longest chunk forwarded as one line; bounds memory for output without
 # newlines (progress bars).
 MAX_LINE = 1 << 16
+# Lines of a worker's stderr kept to quote when it fails, and the most
+# characters of the one quoted.
+TAIL_LINES = 20
+QUOTE_CHARS = 300
+# How long to wait for a dead worker's last stderr lines to be read.
+TAIL_TIMEOUT = 0.5
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,8 @@ class _Reader(threading.Thread):
         self._sink = sink
         self._prefix = f"[{label}]<{stream_name}>:" if prefix else ""
         self._timestamp = timestamp
+        # The last lines read, to quote when the worker fails.
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._copy_to = copy_to
         self._mode = "a" if append else "w"
 
@@ -150,6 +159,7 @@ class _Reader(threading.Thread):
                 if not text.endswith("\n"):
                     # A partial last line, or a chunk of an overlong one.
                     text += "\n"
+                self.tail.append(text)
                 stamp = ""
                 if self._timestamp:
                     # horovodrun's --prefix-output-with-timestamp layout.
@@ -207,6 +217,7 @@ class WorkerOutput:
         self._out = _Sink(stdout or sys.stdout)
         self._err = _Sink(stderr or sys.stderr)
         self._readers: list[_Reader] = []
+        self._stderr_of: dict[int, _Reader] = {}
 
     def say(self, message: str) -> None:
         """Prints a launcher message (``horarun: ...``) on the error stream."""
@@ -268,12 +279,31 @@ class WorkerOutput:
                              self._timestamp)
             reader.start()
             self._readers.append(reader)
+            if name == "stderr":
+                self._stderr_of[proc.pid] = reader
         if first_input:
             # From a thread: ssh reads it only once connected. The pipe then
             # stays open for as long as the Popen object lives.
             threading.Thread(target=_feed, args=(cast(BinaryIO, proc.stdin), first_input),
                              name=f"horarun-stdin-{label}", daemon=True).start()
         return proc
+
+    def last_error(self, pid: int) -> str:
+        """The last non-blank line a worker that has exited wrote to stderr.
+
+        For a Python worker that died of an exception this is the exception
+        line (``ValueError: ...``). Waits up to :data:`TAIL_TIMEOUT` for the
+        line to be read; forgets the worker. Empty when it wrote nothing.
+        """
+        reader = self._stderr_of.pop(pid, None)
+        if reader is None:
+            return ""
+        reader.join(TAIL_TIMEOUT)
+        for line in reversed(list(reader.tail)):
+            if line.strip():
+                text = line.strip()
+                return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "..."
+        return ""
 
     def drain(self) -> None:
         """Waits (bounded) until the output of every exited worker is forwarded."""
