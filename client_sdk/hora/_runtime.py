@@ -17,7 +17,7 @@ from typing import Any
 from ._client import CoordinatorClient
 from ._engine import Engine
 from .errors import HoraError
-from .settings import Settings
+from .settings import Settings, configure_logging
 from .v1 import rendezvous_pb2
 
 __all__ = ["Runtime", "current", "init", "is_initialized", "shutdown"]
@@ -108,10 +108,7 @@ def init(settings: Settings | None = None) -> Runtime:
     with _lock:
         if _runtime is None:
             settings = (settings or Settings.from_env()).with_reachable_address()
-            level = settings.log_level.upper()
-            # Horovod's level names, mapped onto logging's.
-            level = {"TRACE": "DEBUG", "FATAL": "CRITICAL"}.get(level, level)
-            logging.getLogger("hora").setLevel(level)
+            configure_logging(settings)
             _runtime = Runtime(settings)
         return _runtime
 

@@ -10,8 +10,10 @@ working; when both are set the ``HORA_*`` name wins.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,7 +21,8 @@ from typing import Any
 
 from hora._net import interface_address, route_source
 
-__all__ = ["Settings", "SettingsError", "ENV_VARS"]
+__all__ = ["Settings", "SettingsError", "ENV_VARS", "STALL_CHECK_DISABLE_VARS",
+           "configure_logging"]
 
 MiB = 1024 * 1024
 
@@ -43,6 +46,52 @@ def _bool(text: str) -> bool:
     if lowered in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(f"expected a boolean, got {text!r}")
+
+
+# Python's names and Horovod's (TRACE, FATAL).
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL", "CRITICAL")
+
+# Horovod's switch for the stall check (``--no-stall-check`` in the
+# launcher); set, it turns both stall times off. First name wins.
+STALL_CHECK_DISABLE_VARS = ("HORA_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE")
+
+
+def _logging_level(name: str) -> int | None:
+    """The :mod:`logging` level of a hora or Horovod level name, None if unknown."""
+    upper = name.strip().upper()
+    if upper not in LOG_LEVELS:
+        return None
+    return logging.getLevelName({"TRACE": "DEBUG", "FATAL": "CRITICAL"}.get(upper, upper))
+
+
+class _HoraHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler :func:`configure_logging` installs; its class marks it as ours."""
+
+
+def configure_logging(settings: Settings) -> None:
+    """Makes a configured ``log_level`` visible: hora's messages at that level go to stderr.
+
+    Horovod prints its backend's log lines at ``HOROVOD_LOG_LEVEL`` itself;
+    hora's go through :mod:`logging`, whose default handler shows only
+    warnings. So when a level is set, the ``hora`` logger gets that level and
+    one stderr handler (never a second one, however often ``init()`` runs).
+    With no level set nothing changes: the application's own logging
+    configuration, or Python's default, applies.
+    """
+    if not settings.log_level:
+        return
+    level = _logging_level(settings.log_level)
+    if level is None:
+        raise SettingsError(f"unknown log level {settings.log_level!r}")
+    logger = logging.getLogger("hora")
+    logger.setLevel(level)
+    handler = next((h for h in logger.handlers if isinstance(h, _HoraHandler)), None)
+    if handler is None:
+        handler = _HoraHandler(sys.stderr)
+        logger.addHandler(handler)
+    layout = "%(levelname)s %(name)s: %(message)s"
+    handler.setFormatter(logging.Formatter(layout if settings.log_hide_time
+                                           else "%(asctime)s " + layout))
 
 
 @dataclass(frozen=True)
@@ -99,7 +148,16 @@ ENV_VARS: tuple[_Var, ...] = (
          "tune fusion threshold and cycle time online"),
     _Var("autotune_log", ("HORA_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG"), str,
          "CSV log of the settings autotune tried"),
-    _Var("log_level", ("HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL"), str, "logging level"),
+    _Var("autotune_warmup_samples",
+         ("HORA_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES"), int,
+         "autotune: measurement windows discarded before tuning starts"),
+    _Var("autotune_max_samples",
+         ("HORA_AUTOTUNE_MAX_SAMPLES", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"), int,
+         "autotune: settings measured before the best one is kept"),
+    _Var("log_level", ("HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL"), str,
+         "logging level; when set, hora's messages at that level and above go to stderr"),
+    _Var("log_hide_time", ("HORA_LOG_HIDE_TIME", "HOROVOD_LOG_HIDE_TIME"), _bool,
+         "leave the timestamp out of hora's log messages"),
     _Var("reset_limit", ("HORA_RESET_LIMIT", "HOROVOD_RESET_LIMIT"), int,
          "elastic resets a worker may go through (unset: no limit)"),
     _Var("min_size", ("HORA_MIN_SIZE",), int, "elastic: fewest workers the job runs with"),
@@ -144,7 +202,13 @@ class Settings:
     timeline_mark_cycles: bool = False
     autotune: bool = False
     autotune_log: str = ""
-    log_level: str = "WARNING"
+    # None: the autotuner's own defaults.
+    autotune_warmup_samples: int | None = None
+    autotune_max_samples: int | None = None
+    # Empty: not configured, so hora installs no log handler of its own and
+    # Python's defaults apply (warnings and errors reach stderr).
+    log_level: str = ""
+    log_hide_time: bool = False
     reset_limit: int | None = None
     min_size: int = 0
     max_size: int = 0
@@ -203,6 +267,19 @@ class Settings:
                 except ValueError as exc:
                     raise SettingsError(f"{name}={raw!r}: {var.help}: {exc}") from exc
                 break
+        for name in STALL_CHECK_DISABLE_VARS:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                continue
+            try:
+                disabled = _bool(raw)
+            except ValueError as exc:
+                raise SettingsError(f"{name}={raw!r}: disables the stall check: {exc}") from exc
+            if disabled:
+                # Horovod's switch wins over the stall times, as in Horovod.
+                values["stall_warning_time"] = timedelta(0)
+                values["stall_shutdown_time"] = timedelta(0)
+            break
         values.update(overrides)
         settings = cls(**values)
         settings.validate()
@@ -227,6 +304,13 @@ class Settings:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.fusion_threshold < 0:
             raise SettingsError(f"fusion threshold must be >= 0, got {self.fusion_threshold}")
+        for name in ("autotune_warmup_samples", "autotune_max_samples"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if name == "autotune_warmup_samples" else 1):
+                raise SettingsError(f"{name} is out of range, got {value}")
+        if self.log_level and _logging_level(self.log_level) is None:
+            raise SettingsError(
+                f"log level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         for name in ("start_timeout", "connect_timeout", "collective_timeout",
                      "heartbeat_interval"):
             if getattr(self, name) <= timedelta(0):

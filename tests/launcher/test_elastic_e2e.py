@@ -317,3 +317,43 @@ def test_failure_after_success_counts_unless_outside_the_final_world(
     assert re.search(r"^horarun: worker on 127\.0\.0\.3 \(pid \d+\) exited with code 5 "
                      r"after training finished", result.stderr, re.M), result.stderr
     assert ("does not decide the exit code" in result.stderr) == (code == 0)
+
+
+FAILING_WORKER = """
+    import os
+    raise RuntimeError("boom on " + os.environ["HORA_HOSTNAME"])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_every_worker_failing_ends_the_job_at_once_with_the_error(
+        horarun: Run, worker_script: Script, discovery: Discovery) -> None:
+    discovery.set_hosts("127.0.0.2:2", "127.0.0.3:1")
+    # The subprocess deadline (90 s) is well inside the elastic timeout
+    # (300 s): only failing fast can pass.
+    result = horarun([*NO_COORDINATOR, "-np", "3", "--min-np", "2", "--host-discovery-script",
+                      discovery.script, "--elastic-timeout", "300",
+                      sys.executable, worker_script(FAILING_WORKER)], timeout=90)
+    assert result.returncode != 0, result.stderr
+    assert re.search(r"^horarun: no worker is left and none can start: every discovered host "
+                     r"\(127\.0\.0\.2, 127\.0\.0\.3\) is blacklisted for good .*; the last "
+                     r"failure: worker 127\.0\.0\.[23]:\d \(pid \d+\) exited with code 1: "
+                     r"RuntimeError: boom on 127\.0\.0\.[23]$", result.stderr, re.M), result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_with_a_cooldown_failing_workers_wait_for_their_hosts(
+        horarun: Run, worker_script: Script, discovery: Discovery) -> None:
+    discovery.set_hosts("127.0.0.2:1")
+    started = time.monotonic()
+    result = horarun([*NO_COORDINATOR, "--min-np", "1", "--host-discovery-script",
+                      discovery.script, "--elastic-timeout", "3",
+                      "--blacklist-cooldown-range", "30", "30",
+                      sys.executable, worker_script(FAILING_WORKER)], timeout=40)
+    assert result.returncode == 1, result.stderr
+    # The host could come back, so the job waited for it up to the elastic timeout.
+    assert "blacklisting 127.0.0.2 for 30.0 s" in result.stderr
+    assert ("horarun: elastic job needs at least 1 workers; only 0 running/available "
+            "for 3 s") in result.stderr.splitlines()
+    assert "no worker is left" not in result.stderr
+    assert time.monotonic() - started >= 3

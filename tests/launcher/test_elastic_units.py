@@ -569,3 +569,57 @@ def test_stopping_the_poller_kills_a_discovery_script_still_running(tmp_path: Pa
     while not pid_gone(pid):
         assert time.monotonic() < deadline, "the script outlived the poller"
         time.sleep(0.02)
+
+
+def test_no_worker_left_and_every_host_blacklisted_for_good_fails_at_once() -> None:
+    planner, clock = _planner(num_proc=2, min_np=2, timeout=600)
+    planner.hosts_discovered(_hosts("a:1,b:1"))
+    ids = _run(planner, planner.tick())
+    planner.worker_exited(ids["a:0"], 1, error="RuntimeError: boom on a")
+    assert planner.tick() == []  # b still runs
+    planner.worker_exited(ids["b:0"], 1, error="RuntimeError: boom on b")
+    assert planner.tick() == []  # discovery has not answered since
+    clock.advance(1)
+    planner.hosts_discovered(_hosts("a:1,b:1"))
+    actions = planner.tick()
+    assert actions[-1] == Finish(1)
+    assert _said(actions) == [
+        "no worker is left and none can start: every discovered host (a, b) is blacklisted "
+        "for good (see --blacklist-cooldown-range) and host discovery offers no other; the "
+        "last failure: worker b:0 (pid 101) exited with code 1: RuntimeError: boom on b"]
+
+
+def test_a_new_host_in_the_next_discovery_keeps_a_stranded_job_going() -> None:
+    planner, _ = _planner(num_proc=1, min_np=1, timeout=600)
+    planner.hosts_discovered(_hosts("a:1"))
+    ids = _run(planner, planner.tick())
+    planner.worker_exited(ids["a:0"], 1)
+    assert planner.tick() == []
+    planner.hosts_discovered(_hosts("a:1,b:1"))
+    assert _starts(planner.tick()) == ["b:0"]
+    assert not planner.done
+
+
+def test_with_a_cooldown_a_stranded_job_waits_for_its_hosts() -> None:
+    planner, clock = _planner(num_proc=1, min_np=1, timeout=600, cooldown=(5, 5))
+    planner.hosts_discovered(_hosts("a:1"))
+    ids = _run(planner, planner.tick())
+    planner.worker_exited(ids["a:0"], 1)
+    for _ in range(3):
+        clock.advance(1)
+        planner.hosts_discovered(_hosts("a:1"))
+        assert planner.tick() == []
+    clock.advance(2)
+    assert _starts(planner.tick()) == ["a:0"]
+
+
+def test_hosts_that_all_went_away_are_waited_for() -> None:
+    planner, clock = _planner(num_proc=1, min_np=1, timeout=600)
+    planner.hosts_discovered(_hosts("a:1"))
+    _run(planner, planner.tick())
+    planner.hosts_discovered([])
+    planner.worker_exited(0, -15)  # stopped by us
+    for _ in range(3):
+        clock.advance(1)
+        planner.hosts_discovered([])
+        assert planner.tick() == []

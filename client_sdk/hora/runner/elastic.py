@@ -31,6 +31,12 @@ The rules:
   failure.
 * **Too small.** When fewer than ``min_np`` workers run for
   ``elastic_timeout`` the job fails.
+* **Hopeless.** When no worker is left, every discovered host is
+  blacklisted for good (no cooldown range) and a further round of host
+  discovery offers nothing new, no worker can ever start again: the job
+  fails at once, quoting the last failure, instead of waiting out
+  ``elastic_timeout``. With a cooldown range hosts come back, so the job
+  waits as under *Too small*.
 * **Finish.** The first worker to exit 0 means training is done: no more
   workers start, and the others get ``elastic_timeout`` to exit. The job
   then exits 0 if they all exit 0, else with the first non-zero code among
@@ -194,6 +200,12 @@ class ElasticPlanner:
         self._below_min_since: float | None = None
         self._finish_by: float | None = None
         self._code_after_success: int | None = None
+        # The last worker failure, as said in the final message.
+        self._last_failure: str | None = None
+        # Since when no worker is left and no host can take one (None: not
+        # so), and whether host discovery has answered since.
+        self._stranded_since: float | None = None
+        self._discovered_while_stranded = False
 
     # -- views -----------------------------------------------------------------
 
@@ -245,6 +257,8 @@ class ElasticPlanner:
         """
         if self._phase is _Phase.DONE:
             return []
+        if self._stranded_since is not None:
+            self._discovered_while_stranded = True
         new = {h.hostname: h.slots for h in hosts}
         stops: list[Action] = []
         gone: dict[str, int] = {}
@@ -287,7 +301,7 @@ class ElasticPlanner:
         return [Say(f"cannot start a worker on {worker.host}: {error}"), Finish(code)]
 
     def worker_exited(self, worker_id: int, returncode: int, *,
-                      in_final_world: bool | None = None) -> list[Action]:
+                      in_final_world: bool | None = None, error: str = "") -> list[Action]:
         """A worker's process ended with ``returncode`` (Popen's: -N for signal N).
 
         Args:
@@ -297,6 +311,8 @@ class ElasticPlanner:
                 the worker started before the job's last generation formed
                 (False: it cannot have been part of the world that finished,
                 so its failure does not count); None when unknown.
+            error: what the worker last wrote to stderr, for a failure (its
+                exception line, for a Python worker).
         """
         worker = self._workers.pop(worker_id, None)
         if worker is None or worker.stopping or self._phase is _Phase.DONE:
@@ -321,6 +337,9 @@ class ElasticPlanner:
             if self._code_after_success is None:
                 self._code_after_success = exit_code_of(returncode)
             return [Say(f"{who} {describe_exit(returncode)} after training finished")]
+        quote = f": {error}" if error else ""
+        self._last_failure = (f"worker {worker.host}:{worker.slot} (pid {worker.pid}) "
+                              f"{describe_exit(returncode)}{quote}")
         return self._blacklist(worker.host, f"{who} {describe_exit(returncode)}")
 
     def shutdown(self) -> None:
@@ -358,7 +377,9 @@ class ElasticPlanner:
             actions += self._initial_start(now)
         elif self._phase is _Phase.RUNNING:
             actions += self._fill(announce=True)
-            actions += self._check_min(now)
+            actions += self._check_stranded(now)
+            if self._phase is _Phase.RUNNING:
+                actions += self._check_min(now)
         elif self._phase is _Phase.FINISHING:
             actions += self._check_finished(now)
         return actions
@@ -401,6 +422,33 @@ class ElasticPlanner:
                         f"{self._timeout:g} s"),
                     Finish(ELASTIC_FAILURE)]
         return []
+
+    def _check_stranded(self, now: float) -> list[Action]:
+        """Fails the job when no worker runs and none can ever start again."""
+        # Hosts that all went away (rather than failed) may be replaced by
+        # others, so only a list of failed hosts counts; and a cooldown that
+        # will end brings its host back.
+        records = self._records.values()
+        stranded = (self.active_workers() == 0 and bool(self._hosts)
+                    and all(self._records.get(host, _HostRecord()).blacklisted_until == math.inf
+                            for host in self._hosts)
+                    and not any(r.blacklisted_until not in (None, math.inf) for r in records))
+        if not stranded:
+            self._stranded_since = None
+            self._discovered_while_stranded = False
+            return []
+        if self._stranded_since is None:
+            self._stranded_since = now
+            return []
+        if not self._discovered_while_stranded:
+            return []  # a host discovery answer may yet bring a new host
+        self._phase = _Phase.DONE
+        hosts = ", ".join(sorted(self._hosts)) or "none"
+        last = f"; the last failure: {self._last_failure}" if self._last_failure else ""
+        return [Say(f"no worker is left and none can start: every discovered host ({hosts}) "
+                    f"is blacklisted for good (see --blacklist-cooldown-range) and host "
+                    f"discovery offers no other{last}"),
+                Finish(ELASTIC_FAILURE)]
 
     def _check_min(self, now: float) -> list[Action]:
         active = self.active_workers()

@@ -183,8 +183,10 @@ class ElasticSupervisor:
                 formed = self._reporter.last_generation_ms()
                 if formed is not None:
                     in_final_world = proc.started_ms <= formed
+            error = self._output.last_error(proc.proc.pid) if returncode != 0 else ""
             self._apply(self._planner.worker_exited(worker_id, returncode,
-                                                    in_final_world=in_final_world))
+                                                    in_final_world=in_final_world,
+                                                    error=error))
 
     def _handle_signals(self) -> None:
         for signum in self._signals.take():

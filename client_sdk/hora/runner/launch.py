@@ -223,7 +223,7 @@ def _compat_env(base: dict[str, str]) -> dict[str, str]:
 
 
 def _base_env(config: LaunchConfig) -> dict[str, str]:
-    base = dict(os.environ)
+    base = {**os.environ, **config.worker_env}
     if config.horovod_compat:
         base = _compat_env(base)
     return base
@@ -269,7 +269,7 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
         )
 
     output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir,
-                          remote=network.remote)
+                          remote=network.remote, timestamp=config.prefix_timestamp)
     planner = ElasticPlanner(ElasticPolicy(
         num_proc=config.num_proc,
         min_np=elastic.min_np,
@@ -313,6 +313,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
         # callers embedding main() get a code, not an exception.
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
 
+    for notice in config.notices:
+        _err(notice)
     elastic = config.elastic
     slots: list[SlotInfo] = []
     find_hosts: Callable[[], list[HostSlots]] | None = None
@@ -371,7 +373,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
             _err(f"error: {exc}")
             return USAGE_ERROR
         return Supervisor(specs, prefix=config.prefix, output_dir=config.output_dir,
-                          remote=network.remote).run()
+                          remote=network.remote, timestamp=config.prefix_timestamp).run()
     except KeyboardInterrupt:
         # Ctrl-C before the workers (and our handlers) were in place.
         return 130

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,12 @@ DRAIN_TIMEOUT = 5.0
 # Longest chunk forwarded as one line; bounds memory for output without
 # newlines (progress bars).
 MAX_LINE = 1 << 16
+# Lines of a worker's stderr kept to quote when it fails, and the most
+# characters of the one quoted.
+TAIL_LINES = 20
+QUOTE_CHARS = 300
+# How long to wait for a dead worker's last stderr lines to be read.
+TAIL_TIMEOUT = 0.5
 
 
 @dataclass(frozen=True)
@@ -128,11 +135,15 @@ class _Reader(threading.Thread):
     """Forwards one pipe of one worker, line by line, with the worker's label."""
 
     def __init__(self, label: str, stream_name: str, pipe: BinaryIO, sink: _Sink,
-                 prefix: bool, copy_to: Path | None, append: bool) -> None:
+                 prefix: bool, copy_to: Path | None, append: bool,
+                 timestamp: bool = False) -> None:
         super().__init__(name=f"horarun-{stream_name}-{label}", daemon=True)
         self._pipe = pipe
         self._sink = sink
         self._prefix = f"[{label}]<{stream_name}>:" if prefix else ""
+        self._timestamp = timestamp
+        # The last lines read, to quote when the worker fails.
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._copy_to = copy_to
         self._mode = "a" if append else "w"
 
@@ -148,7 +159,13 @@ class _Reader(threading.Thread):
                 if not text.endswith("\n"):
                     # A partial last line, or a chunk of an overlong one.
                     text += "\n"
-                self._sink.write(self._prefix + text)
+                self.tail.append(text)
+                stamp = ""
+                if self._timestamp:
+                    # horovodrun's --prefix-output-with-timestamp layout.
+                    stamp = time.strftime("%a %b %d %H:%M:%S %Y")
+                    stamp += "" if self._prefix else " "
+                self._sink.write(stamp + self._prefix + text)
                 if copy is not None:
                     copy.write(text)
                     copy.flush()
@@ -187,17 +204,20 @@ class WorkerOutput:
         stdout: where worker stdout goes (default ``sys.stdout``).
         stderr: where worker stderr and launcher messages go (default ``sys.stderr``).
         remote: how to start workers on other machines (None: this machine only).
+        timestamp: start every forwarded line with the local time.
     """
 
     def __init__(self, *, prefix: bool = True, output_dir: str | None = None,
                  stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 remote: RemoteShell | None = None) -> None:
+                 remote: RemoteShell | None = None, timestamp: bool = False) -> None:
         self._prefix = prefix
+        self._timestamp = timestamp
         self._remote = remote
         self._output_dir = Path(output_dir) if output_dir else None
         self._out = _Sink(stdout or sys.stdout)
         self._err = _Sink(stderr or sys.stderr)
         self._readers: list[_Reader] = []
+        self._stderr_of: dict[int, _Reader] = {}
 
     def say(self, message: str) -> None:
         """Prints a launcher message (``horarun: ...``) on the error stream."""
@@ -255,15 +275,35 @@ class WorkerOutput:
         pipes = (("stdout", cast(BinaryIO, proc.stdout), self._out),
                  ("stderr", cast(BinaryIO, proc.stderr), self._err))
         for name, pipe, sink in pipes:
-            reader = _Reader(label, name, pipe, sink, self._prefix, copies[name], append)
+            reader = _Reader(label, name, pipe, sink, self._prefix, copies[name], append,
+                             self._timestamp)
             reader.start()
             self._readers.append(reader)
+            if name == "stderr":
+                self._stderr_of[proc.pid] = reader
         if first_input:
             # From a thread: ssh reads it only once connected. The pipe then
             # stays open for as long as the Popen object lives.
             threading.Thread(target=_feed, args=(cast(BinaryIO, proc.stdin), first_input),
                              name=f"horarun-stdin-{label}", daemon=True).start()
         return proc
+
+    def last_error(self, pid: int) -> str:
+        """The last non-blank line a worker that has exited wrote to stderr.
+
+        For a Python worker that died of an exception this is the exception
+        line (``ValueError: ...``). Waits up to :data:`TAIL_TIMEOUT` for the
+        line to be read; forgets the worker. Empty when it wrote nothing.
+        """
+        reader = self._stderr_of.pop(pid, None)
+        if reader is None:
+            return ""
+        reader.join(TAIL_TIMEOUT)
+        for line in reversed(list(reader.tail)):
+            if line.strip():
+                text = line.strip()
+                return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "..."
+        return ""
 
     def drain(self) -> None:
         """Waits (bounded) until the output of every exited worker is forwarded."""
@@ -328,16 +368,18 @@ class Supervisor:
         stderr: where prefixed worker stderr and launcher messages go
             (default ``sys.stderr``).
         remote: how to start workers on other machines (None: this machine only).
+        timestamp: start every forwarded line with the local time.
     """
 
     def __init__(self, specs: Sequence[WorkerSpec], *, prefix: bool = True,
                  output_dir: str | None = None, grace_period: float = GRACE_PERIOD,
                  stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 remote: RemoteShell | None = None) -> None:
+                 remote: RemoteShell | None = None, timestamp: bool = False) -> None:
         self._specs = list(specs)
         self._grace = grace_period
         self._output = WorkerOutput(prefix=prefix, output_dir=output_dir,
-                                    stdout=stdout, stderr=stderr, remote=remote)
+                                    stdout=stdout, stderr=stderr, remote=remote,
+                                    timestamp=timestamp)
         self._signals = SignalRecorder()
         self._workers: list[_Worker] = []
         self._exit_code: int | None = None

@@ -1,0 +1,1 @@
+"""``horovod.common`` on hora: framework-neutral helpers and errors."""

@@ -1,0 +1,4 @@
+"""``horovod.torch.mpi_ops`` on hora: every public name of :mod:`hora.torch.mpi_ops`."""
+
+from hora.torch.mpi_ops import *  # noqa: F403
+from hora.torch.mpi_ops import __all__  # noqa: F401
