@@ -318,9 +318,14 @@ class Engine:
         self._cycle_us = int(settings.cycle_time.total_seconds() * 1e6)
         self._tuner: Autotuner | None = None
         if settings.autotune and world.rank == 0:
+            # Horovod's --autotune-warmup-samples / --autotune-bayes-opt-max-samples.
+            limits = {key: value for key, value in (
+                ("warmup_samples", settings.autotune_warmup_samples),
+                ("max_candidates", settings.autotune_max_samples)) if value is not None}
             self._tuner = Autotuner(log_file=settings.autotune_log or None,
                                     initial=(settings.fusion_threshold,
-                                             settings.cycle_time.total_seconds() * 1e3))
+                                             settings.cycle_time.total_seconds() * 1e3),
+                                    **limits)
         self._tuned_bytes = 0
         self._tuned_since = time.monotonic()
         self.timeline: Timeline | NullTimeline = NULL_TIMELINE

@@ -64,3 +64,16 @@ def test_autotune_tries_settings_and_logs_them(shared_coordinator, tmp_path):
     assert rows[0].split(",")[:3] == ["timestamp", "fusion_threshold_bytes", "cycle_time_ms"]
     assert len(rows) >= 3, rows  # a header and at least two settings scored
     assert len({tuple(r.split(",")[1:3]) for r in rows[1:]}) >= 2  # it moved
+
+
+def test_autotune_stops_after_the_samples_horovodrun_allows(shared_coordinator, tmp_path):
+    # Horovod's --autotune-warmup-samples / --autotune-bayes-opt-max-samples.
+    log_file = tmp_path / "autotune.csv"
+    results = run_workers(shared_coordinator, 2, SCENARIOS, "train_for", (6.0,),
+                          env={"HORA_AUTOTUNE": "1", "HORA_AUTOTUNE_LOG": str(log_file),
+                               "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0",
+                               "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "2"})
+    assert results[0].value == results[1].value > 0
+    rows = log_file.read_text().strip().splitlines()
+    assert 2 <= len(rows) - 1 <= 3, rows  # two settings scored (and the one kept)
+    assert "autotune chose" in results[0].stderr
