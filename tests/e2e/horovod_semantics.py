@@ -285,6 +285,10 @@ def _invalid_cases(rank: int, size: int, pset: object) -> list[tuple[str, object
         ("allreduce invalid on one rank", lambda: hvd.allreduce(
             torch.ones(2, dtype=torch.complex64 if rank == last else torch.float32),
             name="v.onerank")),
+        # The name was negotiated and cached before (see invalid_calls): the valid
+        # ranks would agree on it peer to peer, so the invalid rank must drop it.
+        ("cached allreduce invalid on one rank", lambda: hvd.allreduce(
+            f, op=42 if rank == last else hvd.Sum, name="v.cached")),
         ("duplicate in-flight name", lambda: [hvd.allreduce_async(f, name="v.dup"),
                                               hvd.allreduce_async(f, name="v.dup")]),
         ("grouped_allreduce Adasum", lambda: hvd.grouped_allreduce([f, f], op=hvd.Adasum)),
@@ -332,6 +336,8 @@ def invalid_calls() -> dict:
     """Each invalid call raises a RuntimeError on every rank, and the next call works."""
     rank, size = hvd.rank(), hvd.size()
     pset = process_sets()[1][1]
+    for _ in range(3):
+        hvd.allreduce(torch.ones(4), op=hvd.Sum, name="v.cached")
     results = []
     for i, (what, call) in enumerate(_invalid_cases(rank, size, pset)):
         try:
