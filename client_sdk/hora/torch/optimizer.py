@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .. import _runtime
 from .compression import Compression
 from .mpi_ops import (
     Adasum,
@@ -48,6 +49,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     starts an in-place allreduce of it (or of its whole group, once every
     gradient of the group is ready); ``step()`` waits for all of them and
     then runs the wrapped optimizer's update.
+
+    The bookkeeping of a step in progress (handles, group ready-sets, delay
+    counters) belongs to the world (runtime) it was made in. An elastic
+    reset, or ``shutdown()`` and ``init()``, joins a new world: whatever the
+    old world left in flight can never complete, so the first call in the new
+    world (a gradient hook, ``zero_grad``, ``synchronize`` or ``step``)
+    drops it and the retried step starts clean. Checking the world at the
+    point of use, instead of relying on a reset callback, covers every way
+    a world ends and every optimizer, also those not held by a TorchState.
     """
 
     def __init__(self, params: Any, named_parameters: Iterable[tuple[str, Any]] | None,
@@ -71,10 +81,42 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._delay = {p: backward_passes_per_step for p in all_params}
         self._synchronized = False
         self._should_synchronize = True
+        # The runtime whose collectives the step in progress waits on (None: no step).
+        self._step_runtime: Any = None
         self._hooks = []
         if process_set.size() > 1:
             for p in self._group_of:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+
+    # -- the step in progress -------------------------------------------------
+
+    def _reset_step(self) -> None:
+        """Forgets the step in progress: handles, ready-sets, delay counters."""
+        self._pending.clear()
+        self._ready.clear()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        self._synchronized = False
+        self._step_runtime = None
+
+    def _drop_stale_step(self) -> None:
+        """Drops a step begun in a world that has ended (elastic reset, shutdown)."""
+        if self._step_runtime is None:
+            return
+        alive = _runtime.current() if _runtime.is_initialized() else None
+        if self._step_runtime is not alive:
+            self._reset_step()
+
+    def _begin_step(self) -> None:
+        self._drop_stale_step()
+        if self._step_runtime is None:
+            self._step_runtime = _runtime.current()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Restoring a saved state (TorchState.restore, a checkpoint) starts from
+        # a step boundary, like Horovod's: nothing of a step in progress survives.
+        self._reset_step()
+        super(self.__class__, self).load_state_dict(state_dict)
 
     # -- submitting ------------------------------------------------------------
 
@@ -126,6 +168,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._pending[p] = pending
 
     def _on_grad(self, p: torch.Tensor) -> None:
+        self._begin_step()
         if p in self._pending:
             raise RuntimeError(
                 f"the gradient of {self._names[p]!r} was computed again before step(): call "
@@ -150,7 +193,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Waits for every gradient allreduce of this step and writes the results back."""
+        self._drop_stale_step()
         if self._process_set.size() > 1:
+            self._begin_step()
             for gi, members in enumerate(self._groups):
                 if not any(p in self._pending for p in members):
                     self._ready.pop(gi, None)
@@ -161,10 +206,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     continue
                 done.add(id(pending))
                 self._complete(pending)
-            for p in self._pending:
-                self._delay[p] = self.backward_passes_per_step
-        self._pending.clear()
-        self._ready.clear()
+        self._reset_step()
         self._synchronized = True
 
     def _complete(self, pending: _Pending) -> None:
@@ -193,6 +235,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure: Any = None) -> Any:
+        self._drop_stale_step()
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
@@ -208,6 +251,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._drop_stale_step()
         if self._pending:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
