@@ -11,6 +11,9 @@ The contract users know from Horovod:
 - When hosts are added or removed gracefully, ``commit()`` (through
   ``check_host_updates()``) raises :class:`HostsUpdatedInterrupt` on every
   rank at the same step: no restore is needed, only re-join and sync.
+- A :class:`TensorMismatchError` (ranks disagree on a call) is raised out
+  of the wrapped function unchanged: the world is intact and a retry would
+  repeat the script's bug. Horovod resets on it; hora does not.
 
 :func:`run_fn` builds the retry loop; the framework layers pass the
 functions that re-join (``reset``) and broadcast objects.
@@ -24,7 +27,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .errors import HorovodInternalError, HostsUpdatedInterrupt
+from .errors import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
 
 __all__ = ["ObjectState", "State", "run_fn"]
 
@@ -153,6 +156,10 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None],
                     state.sync()
                 state.sync_host_updates()
                 return func(state, *args, **kwargs)
+            except TensorMismatchError:
+                # Ranks that disagree are a bug in the script, and the world is
+                # intact: a retry would only repeat it.
+                raise
             except HorovodInternalError as exc:
                 log.warning("collective failed (%s); restoring the last commit", exc)
                 state.restore()

@@ -777,3 +777,23 @@ def train_for(seconds: float):
         if hvd.broadcast_object(time.monotonic() > deadline, root_rank=0, name=f"stop.{steps}"):
             break
     return steps
+
+
+def elastic_mismatch():
+    """A mismatch inside hvd.elastic.run is the script's bug: raised at once, no reset."""
+    rank = hvd.rank()
+    entries = []
+    state = hvd.elastic.ObjectState(epoch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        entries.append(hvd.size())
+        hvd.allreduce(torch.ones(2 + rank), name="elastic.bad.shape")
+
+    try:
+        train(state)
+    except hvd.HorovodInternalError as exc:
+        error = type(exc).__name__
+    else:
+        error = None
+    return error, entries, hvd.allreduce(torch.ones(3), name="elastic.good", op=hvd.Sum)

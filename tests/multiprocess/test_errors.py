@@ -102,3 +102,13 @@ def _base_env():
     import os
 
     return dict(os.environ)
+
+
+def test_mismatch_inside_elastic_run_raises_without_a_reset(shared_coordinator):
+    # Only a lost peer or a broken transport resets an elastic job; ranks
+    # that disagree is a bug in the script, which a retry would only repeat.
+    results = run_workers(shared_coordinator, 2, SCENARIOS, "elastic_mismatch", timeout=60)
+    for r in results:
+        error, entries, good = r.value
+        assert error == "TensorMismatchError" and entries == [2], r.value
+        torch.testing.assert_close(good, torch.full((3,), 2.0))

@@ -26,6 +26,11 @@ def reference_training(size: int, backward_passes: int, steps: int, opt_name: st
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    # The workers call broadcast_optimizer_state on the new optimizer, which
+    # (as Horovod's does) makes its state with one step on zero gradients.
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
     gen = torch.Generator().manual_seed(1234)
     data = torch.randn(steps, backward_passes, 4 * size, 6, generator=gen)
     target = torch.randint(0, 3, (steps, backward_passes, 4 * size), generator=gen)

@@ -48,21 +48,56 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: torch.nn.Module | None = None,
                               process_set: ProcessSet = global_process_set) -> None:
     """Makes every rank's optimizer state (hyperparameters and buffers) equal the root's.
 
     Works for every optimizer whose ``state_dict``/``load_state_dict`` round
     trip, which is all of ``torch.optim``: the root's state dict, including
-    tensors, scalars and param groups, is broadcast and loaded elsewhere.
+    tensors, scalars (with their types) and param groups, is broadcast and
+    loaded elsewhere.
+
+    As in Horovod, an optimizer that has not stepped yet first gets its
+    state made, on every rank, by one local step of the wrapped optimizer on
+    zero gradients (sparse ones for SparseAdam and for the sparse
+    ``nn.Embedding`` parameters of ``model``); those zero gradients stay in
+    ``p.grad`` afterwards. Parameters with ``requires_grad=False`` are left
+    alone.
+
+    Args:
+        optimizer: a ``torch.optim`` optimizer, plain or from ``DistributedOptimizer``.
+        root_rank: the rank whose state everyone takes.
+        model: optional; its sparse embeddings get sparse zero gradients.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state does not support LBFGS (it keeps "
                          "closures and per-step history that cannot be broadcast)")
+    if not optimizer.state_dict()["state"]:
+        _make_state(optimizer, model)
     state = optimizer.state_dict() if rank() == root_rank else None
     state = broadcast_object(state, root_rank, name="broadcast_optimizer_state",
                              process_set=process_set)
     if rank() != root_rank:
         optimizer.load_state_dict(state)
+
+
+def _make_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> None:
+    """One local step on zero gradients, so that a new optimizer has state to broadcast."""
+    sparse = set()
+    if model is not None:
+        sparse = {id(p) for m in model.modules()
+                  if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    all_sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if all_sparse or id(p) in sparse:
+                    p.grad = p.grad.to_sparse()
+    # A DistributedOptimizer's own step() would allreduce, and only this rank
+    # is here: step the optimizer it wraps.
+    step = getattr(optimizer, "_local_step", optimizer.step)
+    step()
 
 
 def _dumps(obj: Any) -> torch.Tensor:

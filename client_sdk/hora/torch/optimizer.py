@@ -73,7 +73,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
 
         all_params = [p for group in self.param_groups for p in group["params"]]
-        self._names = _parameter_names(self.param_groups, all_params, named_parameters)
+        self._parameter_names = _parameter_names(self.param_groups, all_params, named_parameters)
+        self._names = self._parameter_names
+        # Parameters whose gradients are sparse (an nn.Embedding(sparse=True)):
+        # every one of SparseAdam's, and any seen with a sparse gradient.
+        self._sparse = set(all_params) if isinstance(self, torch.optim.SparseAdam) else set()
         self._groups = _parameter_groups([p for p in all_params if p.requires_grad], groups)
         self._group_of = {p: gi for gi, members in enumerate(self._groups) for p in members}
         self._ready: dict[int, set[torch.Tensor]] = {}
@@ -134,11 +138,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = p.grad.to_dense()
         return p.grad
 
+    def _is_sparse(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s gradient travels as indices and values (see ``_submit_sparse``)."""
+        if self._sparse_as_dense:
+            return False
+        if p.grad is not None and p.grad.is_sparse:
+            self._sparse.add(p)
+            return True
+        return p.grad is None and p in self._sparse
+
     def _submit(self, params: list[torch.Tensor]) -> None:
-        if len(params) == 1 and params[0].grad is not None and params[0].grad.is_sparse \
-                and not self._sparse_as_dense:
-            self._submit_sparse(params[0])
+        # Sparse gradients leave their group: they are gathered, not reduced.
+        dense = []
+        for p in params:
+            if self._is_sparse(p):
+                self._submit_sparse(p)
+            else:
+                dense.append(p)
+        if not dense:
             return
+        params = dense
         grads = [self._dense_grad(p) for p in params]
         pairs = [self._compression.compress(g) for g in grads]
         wire = [w for w, _ in pairs]
@@ -158,6 +177,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _submit_sparse(self, p: torch.Tensor) -> None:
         # Sparse gradients have different nonzeros on every rank: gather
         # everyone's indices and values instead of reducing a dense tensor.
+        if p.grad is None:
+            # Unused in this pass: no rows to contribute, the same calls as the others.
+            p.grad = torch.sparse_coo_tensor(
+                torch.empty(1, 0, dtype=torch.int64, device=p.device),
+                p.new_empty(0, *p.shape[1:]), p.shape, check_invariants=False)
         grad = p.grad.coalesce()
         name = f"sparse.{self._names[p]}"
         values = allgather_async(grad._values(), name=f"{name}.values",
@@ -216,7 +240,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             indices = synchronize(pending.handle[1])
             if self._op == Average:
                 values = values / self._process_set.size()
-            p.grad = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape).coalesce()
+            p.grad = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape,
+                                             check_invariants=False).coalesce()
             return
         outputs = synchronize(pending.handle)
         if not isinstance(outputs, list):
@@ -234,14 +259,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._should_synchronize = True
 
+    def _local_step(self, closure: Any = None) -> Any:
+        """The wrapped optimizer's update alone, with no collective."""
+        return super(self.__class__, self).step(closure)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Changes how many backward passes accumulate locally before each allreduce."""
+        if passes < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self.backward_passes_per_step = passes
+        for p in self._delay:
+            self._delay[p] = passes
+
     def step(self, closure: Any = None) -> Any:
         self._drop_stale_step()
         if self._should_synchronize:
             if self._synchronized:
+                # Horovod's wording, which scripts and tests match on.
                 warnings.warn(
-                    "optimizer.step() called right after optimizer.synchronize(); wrap it in "
-                    "`with optimizer.skip_synchronize():` to avoid a second synchronize",
-                    stacklevel=2)
+                    "optimizer.step() called without optimizer.skip_synchronize() context "
+                    "after optimizer.synchronize(). This can cause training slowdown. You may "
+                    "want to consider using optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         elif self._pending:
             raise RuntimeError(
@@ -255,8 +294,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._pending:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(): the gradients are still being "
-                "allreduced")
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                "cause a race condition: the gradients are still being allreduced")
         return super(self.__class__, self).zero_grad(set_to_none)
 
 
@@ -264,7 +303,8 @@ def _parameter_names(param_groups: list[dict[str, Any]], all_params: list[torch.
                      named_parameters: Iterable[tuple[str, Any]] | None
                      ) -> dict[torch.Tensor, str]:
     if named_parameters is None:
-        return {p: f"noname.{gi}.{pi}" for gi, group in enumerate(param_groups)
+        # Horovod's names, the same on every rank: group index, then position.
+        return {p: f"allreduce.noname.{gi}.{pi}" for gi, group in enumerate(param_groups)
                 for pi, p in enumerate(group["params"])}
     named = list(named_parameters)
     names = [n for n, _ in named]
@@ -318,7 +358,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                  ) -> None:
         super(self.__class__, self).__init__(params)
         all_params = [p for group in self.param_groups for p in group["params"]]
-        self._names = _parameter_names(self.param_groups, all_params, named_parameters)
+        self._parameter_names = _parameter_names(self.param_groups, all_params, named_parameters)
+        self._names = self._parameter_names
         self._compression = compression
         self._process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
@@ -330,6 +371,10 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         yield
+
+    def _local_step(self, closure: Any = None) -> Any:
+        """The wrapped optimizer's update alone, with no collective."""
+        return super(self.__class__, self).step(closure)
 
     def step(self, closure: Any = None) -> Any:
         from .adasum import adasum_reduce
