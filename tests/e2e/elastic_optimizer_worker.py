@@ -1,6 +1,7 @@
 """An elastic worker whose peer dies while gradients are in flight.
 
-    elastic_optimizer_worker.py OUT_DIR --kill-at {after_step,in_backward} --kill-step K
+    elastic_optimizer_worker.py OUT_DIR --kill-at {in_forward,in_backward,after_step,in_commit}
+                                --kill-step K
                                 [--steps N] [--commit-every C]
 
 A small MLP trained with ``DistributedOptimizer`` and ``TorchState`` in the
@@ -10,13 +11,17 @@ generator seeded with ``s``), split evenly between the ranks, so the
 averaged gradient of a step does not depend on the world size and a single
 process can replay the whole run (see :func:`replay`).
 
-Rank 2 of the first (3-rank) world dies by SIGKILL at step K, which lies
-between two commits:
+Rank 2 of the first (3-rank) world dies by SIGKILL at step K, at one of
+the points of a training step:
 
+- ``in_forward``: inside step K's forward pass, before any of its gradients
+  exist, while the others are already in step K's backward allreduces;
+- ``in_backward``: inside step K's ``backward()``, from a layer's backward
+  that runs after the last layer's gradients were handed to allreduce;
 - ``after_step``: right after ``optimizer.step()`` of step K-1, while the
   other ranks are already in step K's backward allreduces;
-- ``in_backward``: inside step K's ``backward()``, from a layer's backward
-  that runs after the last layer's gradients were handed to allreduce.
+- ``in_commit``: inside ``state.commit()`` at step K (a commit step), after
+  its state was saved and before the host-update check that every rank joins.
 
 Every worker writes ``started.<pid>`` when it starts and, when it finishes,
 ``report.<pid>.json``: the worlds its training function was entered in, the
@@ -46,10 +51,13 @@ class _KillSwitch(torch.autograd.Function):
     """Identity forward; its backward kills this process when armed."""
 
     armed = False
+    armed_forward = False
     log_path = ""
 
     @staticmethod
     def forward(ctx, x):
+        if _KillSwitch.armed_forward:
+            _die(_KillSwitch.log_path, "in_forward")
         return x.view_as(x)
 
     @staticmethod
@@ -110,7 +118,8 @@ def _die(log_path: str, where: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
-    parser.add_argument("--kill-at", choices=["after_step", "in_backward"], required=True)
+    parser.add_argument("--kill-at", required=True,
+                        choices=["in_forward", "in_backward", "after_step", "in_commit"])
     parser.add_argument("--kill-step", type=int, required=True)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--commit-every", type=int, default=4)
@@ -139,8 +148,9 @@ def main() -> None:
                 x, y = batch(state.step)
                 per = GLOBAL_BATCH // size
                 mine = slice(rank * per, (rank + 1) * per)
-                _KillSwitch.armed = (victim and args.kill_at == "in_backward"
-                                     and state.step == args.kill_step)
+                at_kill_step = victim and state.step == args.kill_step
+                _KillSwitch.armed = at_kill_step and args.kill_at == "in_backward"
+                _KillSwitch.armed_forward = at_kill_step and args.kill_at == "in_forward"
                 phase[0] = "zero_grad"
                 optimizer.zero_grad()
                 phase[0] = "backward"
@@ -160,6 +170,16 @@ def main() -> None:
             raise
 
     state = hvd.elastic.TorchState(model, optimizer, step=0, applied=[])
+    if args.kill_at == "in_commit":
+        save = state.save
+
+        def save_then_die() -> None:
+            save()
+            if len(worlds) == 1 and hvd.size() == 3 and hvd.rank() == VICTIM_RANK \
+                    and state.step == args.kill_step:
+                _die(_KillSwitch.log_path, "in_commit")
+
+        state.save = save_then_die
     train(state)
 
     flat = flat_params(model)

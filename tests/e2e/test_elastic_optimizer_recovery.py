@@ -1,11 +1,12 @@
 """Elastic recovery while a DistributedOptimizer has gradient allreduces in flight.
 
-Three workers on three loopback hosts; rank 2 is SIGKILLed between two
-commits, either right after its ``optimizer.step()`` (the others are
-already in the next step's backward allreduces) or inside ``backward()``
-(some of its gradients already handed to allreduce). The survivors must
-restore their last commit and carry on in the same process: the retry
-starts with an optimizer that holds nothing of the failed step.
+Three workers on three loopback hosts; rank 2 is SIGKILLed at each point
+of a training step: inside the forward pass, inside ``backward()`` (some of
+its gradients already handed to allreduce), right after its
+``optimizer.step()`` (the others are already in the next step's backward
+allreduces), and inside ``state.commit()``. The survivors must restore
+their last commit and carry on in the same process: the retry starts with
+an optimizer that holds nothing of the failed step.
 """
 
 from __future__ import annotations
@@ -24,7 +25,16 @@ pytestmark = [pytest.mark.e2e]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("elastic_optimizer_worker.py")
-STEPS, COMMIT_EVERY, KILL_STEP = 24, 4, 10  # the kill falls between the commits at 8 and 12
+STEPS, COMMIT_EVERY = 24, 4
+# Where the victim dies, the step it dies at, the commit the survivors resume
+# from, and the phases in which the failure may reach them.
+CASES = {
+    "in_forward": (10, 8, (["backward"], ["step"])),
+    "in_backward": (10, 8, (["backward"], ["step"])),
+    "after_step": (10, 8, (["backward"], ["step"])),
+    # Saved at 12 on every rank; the check after it is where the others notice.
+    "in_commit": (12, 12, (["commit"],)),
+}
 
 
 def _load_worker():
@@ -34,7 +44,8 @@ def _load_worker():
     return module
 
 
-def _run_job(tmp_path: Path, kill_at: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _run_job(tmp_path: Path, kill_at: str, kill_step: int
+             ) -> tuple[subprocess.CompletedProcess, Path]:
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("127.0.0.2:1\n127.0.0.3:1\n127.0.0.4:1\n")
     script = tmp_path / "discover.sh"
@@ -45,7 +56,7 @@ def _run_job(tmp_path: Path, kill_at: str) -> tuple[subprocess.CompletedProcess,
     cmd = [sys.executable, "-m", "hora.runner.launch", "-np", "3", "--min-np", "2",
            "--max-np", "3", "--host-discovery-script", str(script),
            sys.executable, str(WORKER), str(out), "--kill-at", kill_at,
-           "--kill-step", str(KILL_STEP), "--steps", str(STEPS),
+           "--kill-step", str(kill_step), "--steps", str(STEPS),
            "--commit-every", str(COMMIT_EVERY)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HORA_START_TIMEOUT": "60",
            "OMP_NUM_THREADS": "1"}
@@ -59,9 +70,10 @@ def _run_job(tmp_path: Path, kill_at: str) -> tuple[subprocess.CompletedProcess,
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("kill_at", ["after_step", "in_backward"])
+@pytest.mark.parametrize("kill_at", list(CASES))
 def test_survivors_recover_in_process_when_a_peer_dies_mid_step(tmp_path, kill_at):
-    proc, out = _run_job(tmp_path, kill_at)
+    kill_step, resume, phases = CASES[kill_at]
+    proc, out = _run_job(tmp_path, kill_at, kill_step)
     logs = f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, logs
     kill = json.loads((out / "kill.json").read_text())
@@ -77,19 +89,18 @@ def test_survivors_recover_in_process_when_a_peer_dies_mid_step(tmp_path, kill_a
     for report in reports:
         assert report["pid"] == report["start_pid"]
         assert [w["size"] for w in report["worlds"]] == [3, 2], report["worlds"]
-        # The failure reached the survivor while this step's gradients were
-        # being reduced, not at a commit: the case that leaves handles behind.
-        assert [f["phase"] for f in report["failures"]] in (["backward"], ["step"]), \
-            report["failures"]
-        assert report["failures"][0]["step"] == KILL_STEP
-        # Resumed from the commit before the kill.
-        assert report["worlds"][1]["from_step"] == KILL_STEP - KILL_STEP % COMMIT_EVERY
+        # Outside a commit, the failure reached the survivor while this step's
+        # gradients were being reduced: the case that leaves handles behind.
+        assert [f["phase"] for f in report["failures"]] in phases, report["failures"]
+        assert report["failures"][0]["step"] == kill_step
+        # Resumed from the last commit.
+        assert report["worlds"][1]["from_step"] == resume
         assert report["step"] == STEPS
         # Every step applied exactly once, in order: the steps after the last
         # commit were rolled back and done again, none skipped or doubled.
         assert [s for s, _ in report["applied"]] == list(range(STEPS)), report["applied"]
         sizes = [n for _, n in report["applied"]]
-        assert sizes[:KILL_STEP - KILL_STEP % COMMIT_EVERY] == [3] * 8 and set(sizes[8:]) == {2}
+        assert sizes[:resume] == [3] * resume and set(sizes[resume:]) == {2}
 
     first, second = reports
     assert first["params_hex"] == second["params_hex"], "the survivors' parameters differ"
@@ -100,7 +111,7 @@ def test_survivors_recover_in_process_when_a_peer_dies_mid_step(tmp_path, kill_a
     final = torch.tensor(first["params"])
     expected = worker.replay(list(range(STEPS)))
     torch.testing.assert_close(final, expected, rtol=1e-4, atol=1e-5)
-    doubled = worker.replay(list(range(KILL_STEP)) + list(range(KILL_STEP - 2, STEPS)))
-    skipped = worker.replay(list(range(KILL_STEP - 1)) + list(range(KILL_STEP, STEPS)))
+    doubled = worker.replay(list(range(kill_step)) + list(range(kill_step - 2, STEPS)))
+    skipped = worker.replay(list(range(kill_step - 1)) + list(range(kill_step, STEPS)))
     for wrong in (doubled, skipped):
         assert (wrong - final).abs().max() > 1e-3

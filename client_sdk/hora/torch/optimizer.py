@@ -224,12 +224,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if not any(p in self._pending for p in members):
                     self._ready.pop(gi, None)
                     self._submit(list(members))
-            done: set[int] = set()
-            for pending in list(self._pending.values()):
-                if id(pending) in done:
-                    continue
-                done.add(id(pending))
-                self._complete(pending)
+        # Also in a world of one (an elastic job that shrank): the hooks may
+        # have started allreduces, which are waited for, not left behind.
+        done: set[int] = set()
+        for pending in list(self._pending.values()):
+            if id(pending) in done:
+                continue
+            done.add(id(pending))
+            self._complete(pending)
         self._reset_step()
         self._synchronized = True
 
