@@ -33,15 +33,16 @@ test: $(TEST_STAMP)
 	$(PY) -m pytest -q tests
 
 lint: $(TEST_STAMP)
-	$(PY) -m ruff check client_sdk services native tests examples bench
+	$(PY) -m ruff check proto/hora_proto client_sdk services native tests examples bench
 
 format: $(TEST_STAMP)
-	$(PY) -m ruff format client_sdk services native tests examples bench
+	$(PY) -m ruff format proto/hora_proto client_sdk services native tests examples bench
 
-# Regenerates the gRPC stubs into client_sdk/hora/v1 (package hora.v1).
+# Regenerates the gRPC stubs of proto/hora/v1 into the neutral package
+# hora_proto.v1 (proto/hora_proto/v1), which the trainers and the coordinator import.
 proto: $(TEST_STAMP)
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=client_sdk \
-	  --grpc_python_out=client_sdk --pyi_out=client_sdk $(PROTOS)
+	$(PY) -m grpc_tools.protoc -Ihora_proto=proto/hora --python_out=proto \
+	  --grpc_python_out=proto --pyi_out=proto $(PROTOS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

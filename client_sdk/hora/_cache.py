@@ -14,11 +14,10 @@ all ranks without ever being exchanged.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from typing import NamedTuple
 
-import torch
+from hora_proto.tensors import fusion_key, tensor_nbytes
 
 __all__ = ["ResponseCache", "Signature"]
 
@@ -40,13 +39,13 @@ class Signature(NamedTuple):
     @property
     def nbytes(self) -> int:
         """Bytes of one tensor with this signature."""
-        return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
+        return tensor_nbytes(self.dtype, self.shape)
 
     @property
     def fusion_key(self) -> tuple[object, ...]:
         """Tensors with equal keys can share one fusion buffer."""
-        return (self.dtype, self.device, self.reduce_op, self.prescale_factor,
-                self.postscale_factor)
+        return fusion_key(self.dtype, self.device, self.reduce_op, self.prescale_factor,
+                          self.postscale_factor)
 
 
 class ResponseCache:

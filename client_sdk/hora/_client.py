@@ -18,15 +18,8 @@ from typing import Any
 
 import grpc
 
-from .errors import (
-    AuthenticationError,
-    CoordinatorError,
-    CoordinatorUnavailableError,
-    RendezvousError,
-    RendezvousTimeoutError,
-)
-from .settings import Settings
-from .v1 import (
+from hora_proto.auth import TOKEN_METADATA_KEY
+from hora_proto.v1 import (
     negotiation_pb2,
     negotiation_pb2_grpc,
     rendezvous_pb2,
@@ -35,11 +28,20 @@ from .v1 import (
     store_pb2_grpc,
 )
 
+from .errors import (
+    AuthenticationError,
+    CoordinatorError,
+    CoordinatorUnavailableError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
+from .settings import Settings
+
 __all__ = ["CoordinatorClient", "NegotiationStream", "StoreKeyError"]
 
 log = logging.getLogger("hora.client")
 
-TOKEN_METADATA_KEY = "hora-token"
+
 
 
 # One identity per process: an elastic worker that re-joins after a reset is

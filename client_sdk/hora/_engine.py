@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from hora_native import BackendError, ReduceKind, backend_for_device, create_backend
+from hora_proto.v1 import negotiation_pb2, rendezvous_pb2
 
 from ._cache import ResponseCache, Signature
 from ._client import CoordinatorClient, NegotiationStream
@@ -50,7 +51,6 @@ from .errors import (
 )
 from .settings import Settings
 from .timeline import NULL_TIMELINE, NullTimeline, Timeline
-from .v1 import negotiation_pb2, rendezvous_pb2
 
 if TYPE_CHECKING:
     from hora_native.control import ControlMesh

@@ -1,6 +1,6 @@
 """Operation kinds shared by the engine and the framework layers.
 
-The numeric values are the wire values of ``hora.v1`` (negotiation.proto),
+The members take their values from the contract's enums (negotiation.proto),
 so a request is built without translation tables.
 """
 
@@ -10,30 +10,32 @@ import enum
 
 import torch
 
+from hora_proto.v1 import negotiation_pb2 as _pb
+
 __all__ = ["OpType", "ReduceOp", "dtype_name", "split_rows"]
 
 
 class ReduceOp(enum.IntEnum):
     """Reductions offered to users (``hvd.Average``, ``hvd.Sum``, ...)."""
 
-    AVERAGE = 1
-    SUM = 2
-    ADASUM = 3
-    MIN = 4
-    MAX = 5
-    PRODUCT = 6
+    AVERAGE = _pb.REDUCE_OP_AVERAGE
+    SUM = _pb.REDUCE_OP_SUM
+    ADASUM = _pb.REDUCE_OP_ADASUM
+    MIN = _pb.REDUCE_OP_MIN
+    MAX = _pb.REDUCE_OP_MAX
+    PRODUCT = _pb.REDUCE_OP_PRODUCT
 
 
 class OpType(enum.IntEnum):
     """Collectives the engine negotiates."""
 
-    ALLREDUCE = 1
-    ALLGATHER = 2
-    BROADCAST = 3
-    ALLTOALL = 4
-    REDUCESCATTER = 5
-    BARRIER = 6
-    JOIN = 7
+    ALLREDUCE = _pb.OP_TYPE_ALLREDUCE
+    ALLGATHER = _pb.OP_TYPE_ALLGATHER
+    BROADCAST = _pb.OP_TYPE_BROADCAST
+    ALLTOALL = _pb.OP_TYPE_ALLTOALL
+    REDUCESCATTER = _pb.OP_TYPE_REDUCESCATTER
+    BARRIER = _pb.OP_TYPE_BARRIER
+    JOIN = _pb.OP_TYPE_JOIN
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}

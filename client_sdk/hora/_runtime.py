@@ -14,11 +14,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from hora_proto.v1 import rendezvous_pb2
+
 from ._client import CoordinatorClient
 from ._engine import Engine
 from .errors import HoraError
 from .settings import Settings, configure_logging
-from .v1 import rendezvous_pb2
 
 __all__ = ["Runtime", "current", "init", "is_initialized", "shutdown"]
 

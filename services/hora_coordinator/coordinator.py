@@ -13,8 +13,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from hora.v1 import negotiation_pb2 as npb
-from hora.v1 import rendezvous_pb2 as rpb
+from hora_proto.v1 import negotiation_pb2 as npb
+from hora_proto.v1 import rendezvous_pb2 as rpb
 
 from . import state
 from .errors import AlreadyOpenError, InvalidRequestError, SupersededError, UnknownError

@@ -29,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from hora.v1 import negotiation_pb2 as pb
+from hora_proto.tensors import fusion_key, tensor_nbytes
+from hora_proto.v1 import negotiation_pb2 as pb
 
 from .errors import InvalidRequestError
 
@@ -38,38 +39,10 @@ __all__ = [
     "Outcome",
     "PendingTensor",
     "ProcessSet",
-    "dtype_itemsize",
     "format_ranks",
-    "tensor_nbytes",
+    "request_nbytes",
 ]
 
-_ITEMSIZE = {
-    "bool": 1,
-    "uint8": 1,
-    "int8": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1,
-    "float8_e5m2fnuz": 1,
-    "float16": 2,
-    "half": 2,
-    "bfloat16": 2,
-    "int16": 2,
-    "uint16": 2,
-    "short": 2,
-    "float32": 4,
-    "float": 4,
-    "int32": 4,
-    "uint32": 4,
-    "int": 4,
-    "float64": 8,
-    "double": 8,
-    "int64": 8,
-    "uint64": 8,
-    "long": 8,
-    "complex64": 8,
-    "complex128": 16,
-}
 
 # Ops whose shapes must agree exactly, and ops where only the first dimension may differ.
 _SAME_SHAPE = frozenset({pb.OP_TYPE_ALLREDUCE, pb.OP_TYPE_BROADCAST, pb.OP_TYPE_REDUCESCATTER})
@@ -91,17 +64,9 @@ _AGREED_FIELDS = (
 )
 
 
-def dtype_itemsize(dtype: str) -> int:
-    """Bytes per element of a torch dtype name; unknown names count as 8 (never under-fuse)."""
-    return _ITEMSIZE.get(dtype.removeprefix("torch."), 8)
-
-
-def tensor_nbytes(request: pb.TensorRequest) -> int:
-    """Size in bytes of the tensor a request describes (numel times itemsize)."""
-    numel = 1
-    for dim in request.shape:
-        numel *= dim
-    return numel * dtype_itemsize(request.dtype)
+def request_nbytes(request: pb.TensorRequest) -> int:
+    """Size in bytes of the tensor a request describes."""
+    return tensor_nbytes(request.dtype, request.shape)
 
 
 def format_ranks(ranks: Sequence[int]) -> str:
@@ -355,14 +320,8 @@ def alltoall_splits(tensor: PendingTensor) -> list[int] | str:
 
 
 def _fusion_key(req: pb.TensorRequest, process_set_id: int) -> tuple[object, ...]:
-    return (
-        req.dtype,
-        req.device,
-        req.reduce_op,
-        req.prescale_factor,
-        req.postscale_factor,
-        process_set_id,
-    )
+    return fusion_key(req.dtype, req.device, req.reduce_op, req.prescale_factor,
+                      req.postscale_factor, process_set_id)
 
 
 class _Builder:
@@ -794,7 +753,7 @@ class NegotiationTable:
         partial = len(tensor.submissions) < len(pset.ranks)
         if op == pb.OP_TYPE_ALLREDUCE:
             builder.allreduce(
-                tensor.name, _fusion_key(first, pset.id), tensor_nbytes(first), first, partial
+                tensor.name, _fusion_key(first, pset.id), request_nbytes(first), first, partial
             )
             return
         if partial:

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from hora.v1 import (
+from hora_proto.auth import TOKEN_METADATA_KEY
+from hora_proto.v1 import (
     negotiation_pb2,
     negotiation_pb2_grpc,
     rendezvous_pb2,
@@ -42,7 +43,6 @@ __all__ = [
     "NegotiationServicer",
     "RendezvousServicer",
     "StoreServicer",
-    "TOKEN_METADATA_KEY",
     "TokenAuthInterceptor",
     "add_servicers",
     "status_for",
@@ -50,7 +50,7 @@ __all__ = [
 
 logger = logging.getLogger("hora_coordinator")
 
-TOKEN_METADATA_KEY = "hora-token"
+
 _PROTECTED_PREFIX = "/hora.v1."
 
 # Most specific first: status_for walks it in order.

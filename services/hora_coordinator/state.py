@@ -41,8 +41,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from hora.v1 import negotiation_pb2 as npb
-from hora.v1 import rendezvous_pb2 as rpb
+from hora_proto.placement import place
+from hora_proto.v1 import negotiation_pb2 as npb
+from hora_proto.v1 import rendezvous_pb2 as rpb
 
 from .errors import (
     CoordinatorError,
@@ -71,7 +72,6 @@ __all__ = [
     "Member",
     "MemberState",
     "NewGeneration",
-    "Placement",
     "Reject",
     "Round",
     "Send",
@@ -89,7 +89,6 @@ __all__ = [
     "leave",
     "new_job",
     "open_stream",
-    "place",
     "remove_process_set",
     "report_event",
     "stream_closed",
@@ -339,16 +338,6 @@ class LossDecision(enum.Enum):
 # ---- rank assignment and topology ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where a rank sits among the hosts."""
-
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-
-
 def assign_ranks(joiners: list[Joiner], size: int) -> list[Joiner]:
     """Orders joiners by rank: hints first, the rest fill free ranks by (host, arrival).
 
@@ -363,44 +352,6 @@ def assign_ranks(joiners: list[Joiner], size: int) -> list[Joiner]:
     for rank, joiner in zip(free, unhinted, strict=True):
         slots[rank] = joiner
     return [slot for slot in slots if slot is not None]
-
-
-def place(hosts: list[str]) -> tuple[list[Placement], bool]:
-    """Local and cross ranks for ranks whose hosts are ``hosts[rank]``.
-
-    local_rank is the index among the same host's ranks; cross_rank the index
-    of the host among hosts that have that local_rank, hosts ordered by their
-    lowest rank.
-
-    Returns:
-        One placement per rank, and whether every host has the same number of ranks.
-    """
-    by_host: dict[str, list[int]] = {}
-    for rank, host in enumerate(hosts):
-        by_host.setdefault(host, []).append(rank)  # insertion order = lowest rank first
-    # hosts_with[lr] = hosts having a rank with local_rank lr, in host order.
-    hosts_with: list[list[str]] = []
-    for host, ranks in by_host.items():
-        for local_rank in range(len(ranks)):
-            if local_rank == len(hosts_with):
-                hosts_with.append([])
-            hosts_with[local_rank].append(host)
-    cross_index = [{host: i for i, host in enumerate(hs)} for hs in hosts_with]
-    placements = []
-    local_index = {host: 0 for host in by_host}
-    for host in hosts:
-        local_rank = local_index[host]
-        local_index[host] += 1
-        placements.append(
-            Placement(
-                local_rank,
-                len(by_host[host]),
-                cross_index[local_rank][host],
-                len(hosts_with[local_rank]),
-            )
-        )
-    homogeneous = len({len(ranks) for ranks in by_host.values()}) <= 1
-    return placements, homogeneous
 
 
 def world_view(job: Job, member: Member, template: rpb.WorldView | None = None) -> rpb.WorldView:

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from hora.v1 import (
+from hora_proto.v1 import (
     negotiation_pb2,
     negotiation_pb2_grpc,
     rendezvous_pb2,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hora.v1 import negotiation_pb2 as npb
-from hora.v1 import rendezvous_pb2 as rpb
 from hora_coordinator import state
+from hora_proto.v1 import negotiation_pb2 as npb
+from hora_proto.v1 import rendezvous_pb2 as rpb
 
 __all__ = [
     "F32",

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from coordinator_transitions import admits, events_to, form, jreq, responses_to, submit, treq
 
-from hora.v1 import negotiation_pb2 as npb
-from hora.v1 import rendezvous_pb2 as rpb
 from hora_coordinator import state
 from hora_coordinator.errors import (
     InvalidRequestError,
     JobFailedError,
     StaleGenerationError,
 )
+from hora_proto.v1 import negotiation_pb2 as npb
+from hora_proto.v1 import rendezvous_pb2 as rpb
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

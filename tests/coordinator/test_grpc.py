@@ -17,10 +17,10 @@ from coordinator_clients import Client, new_job_id, tensor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.coordinator import CoordinatorProcess
 
-from hora.v1 import negotiation_pb2 as npb
-from hora.v1 import rendezvous_pb2 as rpb
-from hora.v1 import store_pb2
 from hora_coordinator import CoordinatorSettings, EmbeddedCoordinator
+from hora_proto.v1 import negotiation_pb2 as npb
+from hora_proto.v1 import rendezvous_pb2 as rpb
+from hora_proto.v1 import store_pb2
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from coordinator_transitions import events_to, form, responses_to, sends, submit, treq
 
-from hora.v1 import negotiation_pb2 as npb
 from hora_coordinator import state
 from hora_coordinator.errors import (
     InvalidRequestError,
@@ -14,6 +13,7 @@ from hora_coordinator.errors import (
     StaleGenerationError,
 )
 from hora_coordinator.negotiation import NegotiationTable
+from hora_proto.v1 import negotiation_pb2 as npb
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -16,7 +16,6 @@ from coordinator_transitions import (
     treq,
 )
 
-from hora.v1 import negotiation_pb2 as npb
 from hora_coordinator import state
 from hora_coordinator.errors import (
     InvalidRequestError,
@@ -24,7 +23,8 @@ from hora_coordinator.errors import (
     RoundFullError,
     StaleGenerationError,
 )
-from hora_coordinator.negotiation import NegotiationTable, format_ranks, tensor_nbytes
+from hora_coordinator.negotiation import NegotiationTable, format_ranks, request_nbytes
+from hora_proto.v1 import negotiation_pb2 as npb
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -309,7 +309,7 @@ def test_fusion_respects_threshold_and_fusion_key():
     effects = submit(job, 1, *reqs)
     names = [list(r.tensor_names) for r in responses_to(effects, "w0")]
     assert names == [["a", "b"], ["c"], ["d"], ["big"], ["e"]]
-    assert tensor_nbytes(reqs[4]) == 400
+    assert request_nbytes(reqs[4]) == 400
 
 
 def test_zero_threshold_never_fuses():

@@ -25,7 +25,7 @@ import grpc
 import pytest
 from launcher_helpers import HORARUN, NO_COORDINATOR, Discovery, pid_gone
 
-from hora.v1 import rendezvous_pb2, rendezvous_pb2_grpc
+from hora_proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 

@@ -17,13 +17,14 @@ from typing import Any
 
 import grpc
 
-from hora.v1 import rendezvous_pb2, rendezvous_pb2_grpc
+from hora_proto.auth import TOKEN_METADATA_KEY
+from hora_proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 __all__ = ["EVENT_DEADLINE", "EventReporter"]
 
 # Seconds one ReportEvent call may take.
 EVENT_DEADLINE = 2.0
-TOKEN_METADATA_KEY = "hora-token"
+
 
 
 class EventReporter:

@@ -16,6 +16,8 @@ import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from hora_proto.placement import place
+
 __all__ = [
     "HostError",
     "HostSlots",
@@ -219,34 +221,14 @@ def assign_ranks(hosts: Sequence[HostSlots], num_proc: int) -> list[SlotInfo]:
             f"({listing}); add slots with -H host:N or lower -np"
         )
 
-    # First pass: which host each rank lands on and its local rank.
-    placed: list[tuple[str, int]] = []
-    local_sizes: dict[str, int] = {}
+    placed: list[str] = []
     for host in hosts:
-        take = min(host.slots, num_proc - len(placed))
-        for local_rank in range(take):
-            placed.append((host.hostname, local_rank))
-        if take:
-            local_sizes[host.hostname] = take
-        if len(placed) == num_proc:
-            break
-
-    # Second pass: for each local rank, the hosts that have it, in host order.
-    hosts_by_local_rank: dict[int, list[str]] = {}
-    for hostname, local_rank in placed:
-        hosts_by_local_rank.setdefault(local_rank, []).append(hostname)
-
+        placed.extend([host.hostname] * min(host.slots, num_proc - len(placed)))
+    placements, _ = place(placed)
     return [
-        SlotInfo(
-            hostname=hostname,
-            rank=rank,
-            size=num_proc,
-            local_rank=local_rank,
-            local_size=local_sizes[hostname],
-            cross_rank=hosts_by_local_rank[local_rank].index(hostname),
-            cross_size=len(hosts_by_local_rank[local_rank]),
-        )
-        for rank, (hostname, local_rank) in enumerate(placed)
+        SlotInfo(hostname=hostname, rank=rank, size=num_proc, local_rank=p.local_rank,
+                 local_size=p.local_size, cross_rank=p.cross_rank, cross_size=p.cross_size)
+        for rank, (hostname, p) in enumerate(zip(placed, placements, strict=True))
     ]
 
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from hora.v1 import negotiation_pb2 as hora_dot_v1_dot_negotiation__pb2
+from hora_proto.v1 import negotiation_pb2 as hora__proto_dot_v1_dot_negotiation__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in hora/v1/negotiation_pb2_grpc.py depends on'
+        + ' but the generated code in hora_proto/v1/negotiation_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class NegotiationStub:
         """
         self.Negotiate = channel.stream_stream(
                 '/hora.v1.Negotiation/Negotiate',
-                request_serializer=hora_dot_v1_dot_negotiation__pb2.WorkerMessage.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_negotiation__pb2.CoordinatorMessage.FromString,
+                request_serializer=hora__proto_dot_v1_dot_negotiation__pb2.WorkerMessage.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_negotiation__pb2.CoordinatorMessage.FromString,
                 _registered_method=True)
         self.AddProcessSet = channel.unary_unary(
                 '/hora.v1.Negotiation/AddProcessSet',
-                request_serializer=hora_dot_v1_dot_negotiation__pb2.AddProcessSetRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_negotiation__pb2.AddProcessSetResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_negotiation__pb2.AddProcessSetRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_negotiation__pb2.AddProcessSetResponse.FromString,
                 _registered_method=True)
         self.RemoveProcessSet = channel.unary_unary(
                 '/hora.v1.Negotiation/RemoveProcessSet',
-                request_serializer=hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_negotiation__pb2.RemoveProcessSetRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_negotiation__pb2.RemoveProcessSetResponse.FromString,
                 _registered_method=True)
 
 
@@ -92,18 +92,18 @@ def add_NegotiationServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Negotiate': grpc.stream_stream_rpc_method_handler(
                     servicer.Negotiate,
-                    request_deserializer=hora_dot_v1_dot_negotiation__pb2.WorkerMessage.FromString,
-                    response_serializer=hora_dot_v1_dot_negotiation__pb2.CoordinatorMessage.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_negotiation__pb2.WorkerMessage.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_negotiation__pb2.CoordinatorMessage.SerializeToString,
             ),
             'AddProcessSet': grpc.unary_unary_rpc_method_handler(
                     servicer.AddProcessSet,
-                    request_deserializer=hora_dot_v1_dot_negotiation__pb2.AddProcessSetRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_negotiation__pb2.AddProcessSetResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_negotiation__pb2.AddProcessSetRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_negotiation__pb2.AddProcessSetResponse.SerializeToString,
             ),
             'RemoveProcessSet': grpc.unary_unary_rpc_method_handler(
                     servicer.RemoveProcessSet,
-                    request_deserializer=hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_negotiation__pb2.RemoveProcessSetRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_negotiation__pb2.RemoveProcessSetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,8 +131,8 @@ class Negotiation:
             request_iterator,
             target,
             '/hora.v1.Negotiation/Negotiate',
-            hora_dot_v1_dot_negotiation__pb2.WorkerMessage.SerializeToString,
-            hora_dot_v1_dot_negotiation__pb2.CoordinatorMessage.FromString,
+            hora__proto_dot_v1_dot_negotiation__pb2.WorkerMessage.SerializeToString,
+            hora__proto_dot_v1_dot_negotiation__pb2.CoordinatorMessage.FromString,
             options,
             channel_credentials,
             insecure,
@@ -158,8 +158,8 @@ class Negotiation:
             request,
             target,
             '/hora.v1.Negotiation/AddProcessSet',
-            hora_dot_v1_dot_negotiation__pb2.AddProcessSetRequest.SerializeToString,
-            hora_dot_v1_dot_negotiation__pb2.AddProcessSetResponse.FromString,
+            hora__proto_dot_v1_dot_negotiation__pb2.AddProcessSetRequest.SerializeToString,
+            hora__proto_dot_v1_dot_negotiation__pb2.AddProcessSetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -185,8 +185,8 @@ class Negotiation:
             request,
             target,
             '/hora.v1.Negotiation/RemoveProcessSet',
-            hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetRequest.SerializeToString,
-            hora_dot_v1_dot_negotiation__pb2.RemoveProcessSetResponse.FromString,
+            hora__proto_dot_v1_dot_negotiation__pb2.RemoveProcessSetRequest.SerializeToString,
+            hora__proto_dot_v1_dot_negotiation__pb2.RemoveProcessSetResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from hora.v1 import store_pb2 as hora_dot_v1_dot_store__pb2
+from hora_proto.v1 import store_pb2 as hora__proto_dot_v1_dot_store__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in hora/v1/store_pb2_grpc.py depends on'
+        + ' but the generated code in hora_proto/v1/store_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,33 +36,33 @@ class StoreStub:
         """
         self.Set = channel.unary_unary(
                 '/hora.v1.Store/Set',
-                request_serializer=hora_dot_v1_dot_store__pb2.StoreSetRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_store__pb2.StoreSetResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_store__pb2.StoreSetRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreSetResponse.FromString,
                 _registered_method=True)
         self.Get = channel.unary_unary(
                 '/hora.v1.Store/Get',
-                request_serializer=hora_dot_v1_dot_store__pb2.StoreGetRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_store__pb2.StoreGetResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_store__pb2.StoreGetRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreGetResponse.FromString,
                 _registered_method=True)
         self.Add = channel.unary_unary(
                 '/hora.v1.Store/Add',
-                request_serializer=hora_dot_v1_dot_store__pb2.StoreAddRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_store__pb2.StoreAddResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_store__pb2.StoreAddRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreAddResponse.FromString,
                 _registered_method=True)
         self.Wait = channel.unary_unary(
                 '/hora.v1.Store/Wait',
-                request_serializer=hora_dot_v1_dot_store__pb2.StoreWaitRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_store__pb2.StoreWaitResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_store__pb2.StoreWaitRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreWaitResponse.FromString,
                 _registered_method=True)
         self.CompareSet = channel.unary_unary(
                 '/hora.v1.Store/CompareSet',
-                request_serializer=hora_dot_v1_dot_store__pb2.StoreCompareSetRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_store__pb2.StoreCompareSetResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_store__pb2.StoreCompareSetRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreCompareSetResponse.FromString,
                 _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/hora.v1.Store/Delete',
-                request_serializer=hora_dot_v1_dot_store__pb2.StoreDeleteRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_store__pb2.StoreDeleteResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_store__pb2.StoreDeleteRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreDeleteResponse.FromString,
                 _registered_method=True)
 
 
@@ -120,33 +120,33 @@ def add_StoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Set': grpc.unary_unary_rpc_method_handler(
                     servicer.Set,
-                    request_deserializer=hora_dot_v1_dot_store__pb2.StoreSetRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_store__pb2.StoreSetResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreSetRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_store__pb2.StoreSetResponse.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
-                    request_deserializer=hora_dot_v1_dot_store__pb2.StoreGetRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_store__pb2.StoreGetResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreGetRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_store__pb2.StoreGetResponse.SerializeToString,
             ),
             'Add': grpc.unary_unary_rpc_method_handler(
                     servicer.Add,
-                    request_deserializer=hora_dot_v1_dot_store__pb2.StoreAddRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_store__pb2.StoreAddResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreAddRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_store__pb2.StoreAddResponse.SerializeToString,
             ),
             'Wait': grpc.unary_unary_rpc_method_handler(
                     servicer.Wait,
-                    request_deserializer=hora_dot_v1_dot_store__pb2.StoreWaitRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_store__pb2.StoreWaitResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreWaitRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_store__pb2.StoreWaitResponse.SerializeToString,
             ),
             'CompareSet': grpc.unary_unary_rpc_method_handler(
                     servicer.CompareSet,
-                    request_deserializer=hora_dot_v1_dot_store__pb2.StoreCompareSetRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_store__pb2.StoreCompareSetResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreCompareSetRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_store__pb2.StoreCompareSetResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
-                    request_deserializer=hora_dot_v1_dot_store__pb2.StoreDeleteRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_store__pb2.StoreDeleteResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_store__pb2.StoreDeleteRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_store__pb2.StoreDeleteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -174,8 +174,8 @@ class Store:
             request,
             target,
             '/hora.v1.Store/Set',
-            hora_dot_v1_dot_store__pb2.StoreSetRequest.SerializeToString,
-            hora_dot_v1_dot_store__pb2.StoreSetResponse.FromString,
+            hora__proto_dot_v1_dot_store__pb2.StoreSetRequest.SerializeToString,
+            hora__proto_dot_v1_dot_store__pb2.StoreSetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -201,8 +201,8 @@ class Store:
             request,
             target,
             '/hora.v1.Store/Get',
-            hora_dot_v1_dot_store__pb2.StoreGetRequest.SerializeToString,
-            hora_dot_v1_dot_store__pb2.StoreGetResponse.FromString,
+            hora__proto_dot_v1_dot_store__pb2.StoreGetRequest.SerializeToString,
+            hora__proto_dot_v1_dot_store__pb2.StoreGetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -228,8 +228,8 @@ class Store:
             request,
             target,
             '/hora.v1.Store/Add',
-            hora_dot_v1_dot_store__pb2.StoreAddRequest.SerializeToString,
-            hora_dot_v1_dot_store__pb2.StoreAddResponse.FromString,
+            hora__proto_dot_v1_dot_store__pb2.StoreAddRequest.SerializeToString,
+            hora__proto_dot_v1_dot_store__pb2.StoreAddResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -255,8 +255,8 @@ class Store:
             request,
             target,
             '/hora.v1.Store/Wait',
-            hora_dot_v1_dot_store__pb2.StoreWaitRequest.SerializeToString,
-            hora_dot_v1_dot_store__pb2.StoreWaitResponse.FromString,
+            hora__proto_dot_v1_dot_store__pb2.StoreWaitRequest.SerializeToString,
+            hora__proto_dot_v1_dot_store__pb2.StoreWaitResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -282,8 +282,8 @@ class Store:
             request,
             target,
             '/hora.v1.Store/CompareSet',
-            hora_dot_v1_dot_store__pb2.StoreCompareSetRequest.SerializeToString,
-            hora_dot_v1_dot_store__pb2.StoreCompareSetResponse.FromString,
+            hora__proto_dot_v1_dot_store__pb2.StoreCompareSetRequest.SerializeToString,
+            hora__proto_dot_v1_dot_store__pb2.StoreCompareSetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -309,8 +309,8 @@ class Store:
             request,
             target,
             '/hora.v1.Store/Delete',
-            hora_dot_v1_dot_store__pb2.StoreDeleteRequest.SerializeToString,
-            hora_dot_v1_dot_store__pb2.StoreDeleteResponse.FromString,
+            hora__proto_dot_v1_dot_store__pb2.StoreDeleteRequest.SerializeToString,
+            hora__proto_dot_v1_dot_store__pb2.StoreDeleteResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from hora.v1 import rendezvous_pb2 as hora_dot_v1_dot_rendezvous__pb2
+from hora_proto.v1 import rendezvous_pb2 as hora__proto_dot_v1_dot_rendezvous__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in hora/v1/rendezvous_pb2_grpc.py depends on'
+        + ' but the generated code in hora_proto/v1/rendezvous_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,33 +36,33 @@ class RendezvousStub:
         """
         self.Join = channel.unary_unary(
                 '/hora.v1.Rendezvous/Join',
-                request_serializer=hora_dot_v1_dot_rendezvous__pb2.JoinRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_rendezvous__pb2.JoinResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.JoinRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.JoinResponse.FromString,
                 _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/hora.v1.Rendezvous/Leave',
-                request_serializer=hora_dot_v1_dot_rendezvous__pb2.LeaveRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_rendezvous__pb2.LeaveResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.LeaveResponse.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/hora.v1.Rendezvous/Heartbeat',
-                request_serializer=hora_dot_v1_dot_rendezvous__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_rendezvous__pb2.HeartbeatResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
         self.GetWorld = channel.unary_unary(
                 '/hora.v1.Rendezvous/GetWorld',
-                request_serializer=hora_dot_v1_dot_rendezvous__pb2.GetWorldRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_rendezvous__pb2.JoinResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.GetWorldRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.JoinResponse.FromString,
                 _registered_method=True)
         self.ReportEvent = channel.unary_unary(
                 '/hora.v1.Rendezvous/ReportEvent',
-                request_serializer=hora_dot_v1_dot_rendezvous__pb2.ReportEventRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_rendezvous__pb2.ReportEventResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.ReportEventRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.ReportEventResponse.FromString,
                 _registered_method=True)
         self.ListEvents = channel.unary_unary(
                 '/hora.v1.Rendezvous/ListEvents',
-                request_serializer=hora_dot_v1_dot_rendezvous__pb2.ListEventsRequest.SerializeToString,
-                response_deserializer=hora_dot_v1_dot_rendezvous__pb2.ListEventsResponse.FromString,
+                request_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsResponse.FromString,
                 _registered_method=True)
 
 
@@ -128,33 +128,33 @@ def add_RendezvousServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Join': grpc.unary_unary_rpc_method_handler(
                     servicer.Join,
-                    request_deserializer=hora_dot_v1_dot_rendezvous__pb2.JoinRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_rendezvous__pb2.JoinResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.JoinRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.JoinResponse.SerializeToString,
             ),
             'Leave': grpc.unary_unary_rpc_method_handler(
                     servicer.Leave,
-                    request_deserializer=hora_dot_v1_dot_rendezvous__pb2.LeaveRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_rendezvous__pb2.LeaveResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.LeaveRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.LeaveResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=hora_dot_v1_dot_rendezvous__pb2.HeartbeatRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_rendezvous__pb2.HeartbeatResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.HeartbeatRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.HeartbeatResponse.SerializeToString,
             ),
             'GetWorld': grpc.unary_unary_rpc_method_handler(
                     servicer.GetWorld,
-                    request_deserializer=hora_dot_v1_dot_rendezvous__pb2.GetWorldRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_rendezvous__pb2.JoinResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.GetWorldRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.JoinResponse.SerializeToString,
             ),
             'ReportEvent': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportEvent,
-                    request_deserializer=hora_dot_v1_dot_rendezvous__pb2.ReportEventRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_rendezvous__pb2.ReportEventResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.ReportEventRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.ReportEventResponse.SerializeToString,
             ),
             'ListEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEvents,
-                    request_deserializer=hora_dot_v1_dot_rendezvous__pb2.ListEventsRequest.FromString,
-                    response_serializer=hora_dot_v1_dot_rendezvous__pb2.ListEventsResponse.SerializeToString,
+                    request_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,8 +182,8 @@ class Rendezvous:
             request,
             target,
             '/hora.v1.Rendezvous/Join',
-            hora_dot_v1_dot_rendezvous__pb2.JoinRequest.SerializeToString,
-            hora_dot_v1_dot_rendezvous__pb2.JoinResponse.FromString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.JoinRequest.SerializeToString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.JoinResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -209,8 +209,8 @@ class Rendezvous:
             request,
             target,
             '/hora.v1.Rendezvous/Leave',
-            hora_dot_v1_dot_rendezvous__pb2.LeaveRequest.SerializeToString,
-            hora_dot_v1_dot_rendezvous__pb2.LeaveResponse.FromString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.LeaveRequest.SerializeToString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.LeaveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -236,8 +236,8 @@ class Rendezvous:
             request,
             target,
             '/hora.v1.Rendezvous/Heartbeat',
-            hora_dot_v1_dot_rendezvous__pb2.HeartbeatRequest.SerializeToString,
-            hora_dot_v1_dot_rendezvous__pb2.HeartbeatResponse.FromString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.HeartbeatRequest.SerializeToString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.HeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -263,8 +263,8 @@ class Rendezvous:
             request,
             target,
             '/hora.v1.Rendezvous/GetWorld',
-            hora_dot_v1_dot_rendezvous__pb2.GetWorldRequest.SerializeToString,
-            hora_dot_v1_dot_rendezvous__pb2.JoinResponse.FromString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.GetWorldRequest.SerializeToString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.JoinResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -290,8 +290,8 @@ class Rendezvous:
             request,
             target,
             '/hora.v1.Rendezvous/ReportEvent',
-            hora_dot_v1_dot_rendezvous__pb2.ReportEventRequest.SerializeToString,
-            hora_dot_v1_dot_rendezvous__pb2.ReportEventResponse.FromString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.ReportEventRequest.SerializeToString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.ReportEventResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -317,8 +317,8 @@ class Rendezvous:
             request,
             target,
             '/hora.v1.Rendezvous/ListEvents',
-            hora_dot_v1_dot_rendezvous__pb2.ListEventsRequest.SerializeToString,
-            hora_dot_v1_dot_rendezvous__pb2.ListEventsResponse.FromString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsRequest.SerializeToString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

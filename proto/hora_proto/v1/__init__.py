@@ -1,0 +1,1 @@
+"""Stubs generated from ``proto/hora/v1/*.proto`` by ``make proto``; never edit by hand."""
