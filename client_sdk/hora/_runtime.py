@@ -17,7 +17,7 @@ from typing import Any
 from hora_proto.v1 import rendezvous_pb2
 
 from ._client import CoordinatorClient
-from ._engine import Engine
+from .engine import Engine
 from .errors import HoraError
 from .settings import Settings, configure_logging
 
@@ -59,13 +59,10 @@ class Runtime:
                 f"with horarun, or set HORA_COORDINATOR=HOST:PORT")
         import secrets
 
-        from hora_coordinator.server import EmbeddedCoordinator
-        from hora_coordinator.settings import CoordinatorSettings
+        from .runner.embedded import start_embedded_coordinator
 
         token = secrets.token_hex(16)
-        self._embedded = EmbeddedCoordinator(CoordinatorSettings(
-            host="127.0.0.1", grpc_port=0, http_port=0, token=token))
-        self._embedded.start()
+        self._embedded = start_embedded_coordinator("127.0.0.1", token)
         return Settings(**{**settings.__dict__, "coordinator": self._embedded.grpc_address,
                            "token": token, "rank": 0})
 

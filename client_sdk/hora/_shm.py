@@ -1,7 +1,7 @@
 """Names of a job's shared-memory segments, shared by the engine and horarun.
 
 The control mesh of every worker names its segments in /dev/shm after the
-job (see ``hora_native.control``). A segment is unlinked once every peer has
+job (see ``hora_native.mesh_transport``). A segment is unlinked once every peer has
 mapped it, but a worker killed in between leaves its file behind; horarun
 removes what is left of its job's files when the job ends. No torch here:
 horarun imports this.
@@ -30,7 +30,7 @@ def segment_prefix(job_id: str, directory: str = SHM_DIR) -> str:
 def remove_leftovers(job_id: str, directory: str = SHM_DIR) -> list[str]:
     """Unlinks the job's segment files still in ``directory``; returns their names."""
     prefix = os.path.basename(segment_prefix(job_id, directory))
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError:

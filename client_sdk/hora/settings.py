@@ -64,7 +64,7 @@ def _logging_level(name: str) -> int | None:
     return logging.getLevelName({"TRACE": "DEBUG", "FATAL": "CRITICAL"}.get(upper, upper))
 
 
-class _HoraHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _HoraHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """The handler :func:`configure_logging` installs; its class marks it as ours."""
 
 

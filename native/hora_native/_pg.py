@@ -12,7 +12,7 @@ from .base import BackendError, ReduceKind
 
 __all__ = ["ProcessGroupBackend", "as_rows_of_bytes"]
 
-_OPS = {
+_OPS: dict[ReduceKind, Any] = {
     ReduceKind.SUM: dist.ReduceOp.SUM,
     ReduceKind.MIN: dist.ReduceOp.MIN,
     ReduceKind.MAX: dist.ReduceOp.MAX,
@@ -45,6 +45,7 @@ class ProcessGroupBackend:
     """
 
     name = "process-group"
+    reads_input = True
     reduce_dtypes: frozenset[torch.dtype] = frozenset({
         torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
         torch.float32, torch.float64})

@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Backend", "BackendError", "ReduceKind"]
+__all__ = ["Backend", "BackendError", "ReduceKind", "scale_"]
 
 
 class BackendError(RuntimeError):
@@ -26,8 +26,8 @@ class BackendError(RuntimeError):
 class ReduceKind(enum.Enum):
     """Reductions the native libraries perform themselves.
 
-    Averaging and pre/post scaling are done by the engine around a SUM, so
-    that every backend behaves the same way.
+    Averaging and pre/post scaling are done around a SUM (see
+    :func:`scale_`), so that every backend behaves the same way.
     """
 
     SUM = "sum"
@@ -41,6 +41,10 @@ class Backend(Protocol):
     """Collectives over one process group. Tensors are contiguous."""
 
     name: str
+    #: False for a backend whose allreduce finds every rank's contribution,
+    #: already prescaled, elsewhere (the mesh's payloads): the engine then
+    #: neither copies its input into the buffer nor prescales it.
+    reads_input: bool
 
     def allreduce(self, tensor: torch.Tensor, op: ReduceKind) -> None:
         """Reduces ``tensor`` across ranks in place."""
@@ -68,3 +72,20 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Releases the process group; later calls fail."""
+
+
+def scale_(tensor: torch.Tensor, factor: float) -> None:
+    """Multiplies ``tensor`` by ``factor`` in place: the one definition of scaling.
+
+    The engine multiplies each rank's contribution by the prescale factor
+    before a reduction and the result by the postscale factor (over the
+    set's size, for an average) after it; the mesh prescales a contribution
+    while packing it. Integers are scaled in double precision and truncated
+    toward zero, as Horovod does for integer averages.
+    """
+    if factor == 1.0:
+        return
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.mul_(factor)
+    else:
+        tensor.copy_(tensor.to(torch.float64).mul_(factor).trunc_())

@@ -33,7 +33,7 @@ class GlooBackend(ProcessGroupBackend):
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
                  address: str = "127.0.0.1") -> None:
-        opts = dist.ProcessGroupGloo._Options()
+        opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
         opts._timeout = timeout
         try:

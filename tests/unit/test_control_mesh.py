@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from hora_native import BackendError
-from hora_native.control import ControlMesh
+from hora_native.mesh_transport import MeshTransport as ControlMesh
 
 
 def build(size: int, timeout: float = 10.0, shared: bool = False) -> list[ControlMesh]:

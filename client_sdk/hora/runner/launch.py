@@ -35,6 +35,7 @@ from .args import ElasticConfig, LaunchConfig, parse_address, parse_args
 from .discovery import HostPoller, run_discovery_script
 from .elastic import ElasticPlanner, ElasticPolicy
 from .elastic_supervisor import ElasticSupervisor
+from .embedded import start_embedded_coordinator
 from .env import elastic_worker_environment, worker_environment
 from .hosts import (
     HostError,
@@ -188,19 +189,7 @@ def _elastic_hosts(config: LaunchConfig,
 
 
 def _start_coordinator(config: LaunchConfig, bind_host: str) -> Any:
-    # Imported here, not at module level: a broken coordinator must not stop
-    # `horarun --coordinator HOST:PORT`, nor hide a launcher bug.
-    from hora_coordinator.server import EmbeddedCoordinator
-    from hora_coordinator.settings import CoordinatorSettings
-
-    coordinator = EmbeddedCoordinator(CoordinatorSettings(
-        host=bind_host,
-        grpc_port=0,
-        http_port=config.coordinator_http_port,
-        token=config.token,
-    ))
-    coordinator.start()
-    return coordinator
+    return start_embedded_coordinator(bind_host, config.token, config.coordinator_http_port)
 
 
 def _compat_env(base: dict[str, str]) -> dict[str, str]:

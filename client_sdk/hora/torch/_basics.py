@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
-import threading
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,8 +11,8 @@ import torch
 from hora_native import xccl_built
 
 from .. import _runtime
-from .._engine import Handle
-from .._ops import ReduceOp
+from .._ops import OpType, ReduceOp
+from ..engine import Entry, Handle, HandleMap
 from ..errors import InvalidCallError
 
 __all__ = [
@@ -110,25 +109,24 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
             added, or ranks passed different sets (on any rank).
     """
     problem = None
+    pset: ProcessSet | None = None
     try:
-        if not isinstance(process_set, ProcessSet):
-            process_set = ProcessSet(process_set)
+        pset = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     except (TypeError, ValueError) as exc:
         problem = f"{process_set!r} is not a list of ranks: {exc}"
-    if problem is None:
-        problem = _process_set_problem(process_set)
+    if pset is not None:
+        problem = _process_set_problem(pset)
     runtime = _runtime.current()
     set_id = runtime.next_process_set_id
-    ranks = process_set.ranks if problem is None else None
-    from .functions import allgather_object
-
-    calls = allgather_object((ranks, problem), name=f"add_process_set.{set_id}")
-    _raise_on_any_rank("add_process_set", calls)
+    ranks = pset.ranks if pset is not None and problem is None else None
+    _raise_on_any_rank("add_process_set",
+                       _every_ranks_call(f"add_process_set.{set_id}", ranks, problem))
+    assert pset is not None and ranks is not None  # else every rank raised above
     runtime.engine.add_process_set(set_id, ranks)
     runtime.next_process_set_id += 1
-    process_set.process_set_id = set_id
-    process_set._runtime = runtime
-    return process_set
+    pset.process_set_id = set_id
+    pset._runtime = runtime
+    return pset
 
 
 def _process_set_problem(process_set: ProcessSet) -> str | None:
@@ -138,6 +136,20 @@ def _process_set_problem(process_set: ProcessSet) -> str | None:
     if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world for r in ranks):
         return f"process set ranks {ranks} must be distinct ranks in [0, {world})"
     return None
+
+
+def _every_ranks_call(name: str, arg: Any, problem: str | None
+                      ) -> list[tuple[Any, str | None]]:
+    """Every rank's (argument, problem or None), in rank order.
+
+    An allgather of each rank's call as one JSON line, through the engine
+    (no pickle: the calls are plain lists, numbers and strings).
+    """
+    line = json.dumps([arg, problem]).encode() + b"\n"
+    data = torch.frombuffer(bytearray(line), dtype=torch.uint8)
+    entry = Entry(name=name, op_type=OpType.ALLGATHER, buffer=data, handle=Handle(name))
+    gathered = _runtime.current().engine.enqueue(entry).wait()
+    return [tuple(json.loads(part)) for part in gathered.numpy().tobytes().splitlines()]
 
 
 def _raise_on_any_rank(call: str, calls: list[tuple[Any, str | None]]) -> None:
@@ -163,9 +175,8 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     set_id = current_set_id(process_set)
     problem = "the global process set cannot be removed" \
         if process_set is global_process_set or set_id == 0 else None
-    from .functions import allgather_object
-
-    _raise_on_any_rank("remove_process_set", allgather_object((set_id, problem)))
+    name = _runtime.current().auto_name("remove_process_set")
+    _raise_on_any_rank("remove_process_set", _every_ranks_call(name, set_id, problem))
     if set_id is None:
         return False
     _runtime.current().engine.remove_process_set(set_id)
@@ -270,22 +281,17 @@ def ddl_built() -> bool:
 
 # -- handles -----------------------------------------------------------------
 
-_handles: dict[int, Handle] = {}
-_handles_lock = threading.Lock()
-_handle_ids = itertools.count(1)
+# Module-wide, as in Horovod: a handle outlives the runtime that made it.
+_handles = HandleMap()
 
 
 def register(handle: Handle) -> int:
     """The integer handle users see for ``handle``."""
-    with _handles_lock:
-        handle_id = next(_handle_ids)
-        _handles[handle_id] = handle
-    return handle_id
+    return _handles.register(handle)
 
 
 def _lookup(handle: int) -> Handle:
-    with _handles_lock:
-        found = _handles.get(handle)
+    found = _handles.get(handle)
     if found is None:
         raise InvalidCallError(f"unknown or already synchronized handle {handle}")
     return found
@@ -312,12 +318,11 @@ def synchronize(handle: int) -> Any:
             try:
                 return entry.wait(timeout=1.0)
             except TimeoutError:
-                if runtime is not None and runtime.engine.failure() is not None and \
-                        not entry.done():
-                    raise runtime.engine.failure() from None
+                failure = runtime.engine.failure() if runtime is not None else None
+                if failure is not None and not entry.done():
+                    raise failure from None
     finally:
-        with _handles_lock:
-            _handles.pop(handle, None)
+        _handles.release(handle)
 
 
 def current_set_id(process_set: ProcessSet) -> int | None:
@@ -347,4 +352,6 @@ def check_process_set(process_set: ProcessSet) -> int:
     if process_set.process_set_id != 0 and not process_set.included():
         raise InvalidCallError(f"rank {rank()} is not in {process_set}; only its members may "
                                f"run collectives on it")
-    return process_set.process_set_id
+    set_id = process_set.process_set_id
+    assert set_id is not None  # current_set_id found it
+    return set_id

@@ -32,8 +32,8 @@ import torch
 from hora_native import BackendError, backend_for_device
 
 from .. import _runtime
-from .._engine import Entry, Handle
 from .._ops import OpType, ReduceOp
+from ..engine import Entry, Handle
 from ..errors import InvalidCallError, InvalidTypeError
 from ._basics import (
     ProcessSet,
@@ -251,7 +251,7 @@ class _AdasumHandle(Handle):
         return self.inner.done()
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
-        from .adasum import adasum_reduce
+        from ._adasum_rule import adasum_reduce
 
         gathered = self.inner.wait(timeout)
         combined = adasum_reduce(list(gathered * self.pre if self.pre != 1.0 else gathered))
@@ -540,7 +540,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
                _allgather_entry(tensor.values(), f"{base}.values", set_id)]
     divisor = process_set.size() if op == ReduceOp.AVERAGE else 1
     return _submit_all(entries, problem,
-                       lambda handles: _SparseHandle(base, *handles, tensor, divisor))
+                       lambda handles: _SparseHandle(base, handles[0], handles[1], tensor,
+                                                     divisor))
 
 
 # -- barrier, join, timeline -------------------------------------------------------

@@ -64,7 +64,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  compression: Any, backward_passes_per_step: int, op: ReduceOp,
                  gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
                  process_set: ProcessSet) -> None:
-        super(self.__class__, self).__init__(params)
+        # The user's optimizer class comes next in the dynamic class's MRO.
+        super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
         self._compression = compression
         self._op = op
         self._process_set = process_set
@@ -242,6 +243,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             indices = synchronize(pending.handle[1])
             if self._op == Average:
                 values = values / self._process_set.size()
+            assert p.grad is not None
             p.grad = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape,
                                              check_invariants=False).coalesce()
             return
@@ -250,6 +252,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             outputs = [outputs]
         for p, out, ctx in zip(pending.params, outputs, pending.ctxs, strict=True):
             if ctx is not None or out is not p.grad:
+                assert p.grad is not None
                 p.grad.copy_(self._compression.decompress(out, ctx))
 
     @contextlib.contextmanager
@@ -358,7 +361,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Iterable[tuple[str, Any]] | None,
                  compression: Any, backward_passes_per_step: int, process_set: ProcessSet
                  ) -> None:
-        super(self.__class__, self).__init__(params)
+        # The user's optimizer class comes next in the dynamic class's MRO.
+        super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
         all_params = [p for group in self.param_groups for p in group["params"]]
         self._parameter_names = _parameter_names(self.param_groups, all_params, named_parameters)
         self._names = self._parameter_names
@@ -379,7 +383,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def step(self, closure: Any = None) -> Any:
-        from .adasum import adasum_reduce
+        from ._adasum_rule import adasum_reduce
 
         params = [p for group in self.param_groups for p in group["params"]]
         starts = [p.detach().clone() for p in params]

@@ -118,6 +118,8 @@ class TorchState(ObjectState):
             object.__setattr__(self, name, handler.value)
         super().__init__(**plain)
 
+    _handlers: dict[str, Any]
+
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})
         if name in handlers:

@@ -1,4 +1,4 @@
-"""A control mesh: small agreements (and small allreduces) over direct TCP connections.
+"""The mesh transport: small agreements (and their payloads) over direct TCP connections.
 
 The engine's rounds agree on which cached tensors are ready with one small
 MIN-reduction per round. Through Gloo that costs about 0.45 ms here, more
@@ -6,13 +6,13 @@ than the data allreduce of a small tensor; a direct exchange over
 connections that stay open costs about one TCP round trip (60-100 us on
 loopback). Every rank sends its vector to every other rank and reduces what
 it receives, so the mesh suits small worlds: the engine uses it up to
-:data:`MAX_MESH_SIZE` ranks and Gloo above that.
+:data:`MAX_MESH_SIZE` ranks and Gloo above that. :mod:`.mesh` builds the
+mesh data plane on top of it.
 
 A message may carry a payload after the vector: the engine sends the bytes
 of the tensors it has ready with its vector, so that when every rank turns
 out to be ready with the same tensors, the round has already moved the data
-and a second exchange through Gloo is not needed (see
-``hora._engine.Engine._round``). Sends and receives run concurrently on
+and a second exchange through Gloo is not needed (see :class:`.mesh.MeshBackend`). Sends and receives run concurrently on
 non-blocking sockets, so payloads larger than the kernel's socket buffers
 cannot deadlock two ranks that send to each other at once.
 
@@ -47,7 +47,7 @@ import torch.distributed as dist
 
 from .base import BackendError
 
-__all__ = ["ControlMesh", "MAX_MESH_SIZE"]
+__all__ = ["MAX_MESH_SIZE", "MeshTransport"]
 
 MAX_MESH_SIZE = 32
 
@@ -63,7 +63,7 @@ _INLINE = -1
 _DEFAULT_SHM_PREFIX = "/dev/shm/hora-mesh-"
 
 
-class ControlMesh:
+class MeshTransport:
     """All-to-all exchange of small integer vectors between the ranks of a group.
 
     Args:
@@ -267,14 +267,15 @@ class ControlMesh:
         n = len(values)
         nbytes = 0 if payload is None else payload.numel()
         segment = self._segment
-        if nbytes and self.shared and segment is not None and \
+        body: memoryview | None = None
+        if payload is not None and nbytes and self.shared and segment is not None and \
                 payload.untyped_storage().data_ptr() == segment.tensor.data_ptr():
             offset = payload.data_ptr() - segment.tensor.data_ptr()
             head = _MESSAGE.pack(n, nbytes, offset, self._version)
-            body = None
         else:
             head = _MESSAGE.pack(n, nbytes, 0, _INLINE)
-            body = memoryview(payload.numpy()) if nbytes else None
+            if payload is not None and nbytes:
+                body = memoryview(payload.numpy())  # type: ignore[arg-type]
         head += struct.pack(f"<{n}q", *values)
         result: list[tuple[list[int], torch.Tensor | None]] = [([], None)] * self.size
         result[self.rank] = (list(values), payload if nbytes else None)
@@ -414,7 +415,7 @@ class _Incoming:
     __slots__ = ("mesh", "peer", "n", "buf", "view", "got", "stage", "values", "payload",
                  "shared")
 
-    def __init__(self, mesh: ControlMesh, peer: int, n: int) -> None:
+    def __init__(self, mesh: MeshTransport, peer: int, n: int) -> None:
         self.mesh, self.peer, self.n = mesh, peer, n
         self.buf = bytearray(_MESSAGE.size)
         self.view = memoryview(self.buf)
@@ -458,7 +459,7 @@ class _Incoming:
         elif self.stage == 1:
             self.values = list(struct.unpack(f"<{self.n}q", self.buf))
             if self.payload is not None:
-                self.view = memoryview(self.payload.numpy())
+                self.view = memoryview(self.payload.numpy())  # type: ignore[arg-type]
                 self.stage = 2
             else:
                 self.stage = 3

@@ -5,7 +5,7 @@ once, every rank remembers it in a slot. The next time the same name comes
 with the same signature, the rank does not ask the coordinator: it marks the
 slot ready, and the ranks agree peer to peer, in a tiny allreduce of one
 value per slot, on which slots are ready everywhere (see
-:class:`hora._engine.Engine`'s round loop).
+:mod:`hora.engine.agreement`).
 
 Every rank changes its cache only while executing the same round results in
 the same order, so slot numbers, contents and LRU order stay identical on

@@ -1,0 +1,450 @@
+"""The global set's rounds: where ranks agree on what runs next, peer to peer.
+
+Every rank with work enters a round with a :class:`ControlVector`: per slot
+of the response cache, whether the tensor is ready here, not ready, or
+invalid here; how many coordinator response lists it has received; whether
+its cache may be used; and rank 0's fusion threshold, cycle time and mesh
+payload budget. The element-wise MIN gives every rank the same answer: run
+the slots ready everywhere, drop the invalid ones, run the coordinator
+lists every rank has. Ranks apply the same results in the same order, so
+their caches never diverge.
+
+The vectors travel over the mesh (:class:`hora_native.mesh.MeshBackend`) in
+small worlds, with the bytes of ready tensors after them; through a Gloo
+MIN-allreduce in large ones. Tensors every rank carried are reduced from
+those payloads; the rest go through the set's backend. Either way the
+executor runs them (:meth:`.executor.Executor.allreduce`).
+
+One thread at a time runs a round: a caller waiting on a handle
+(:meth:`Agreement.drive`) or the background thread (:meth:`Agreement.loop`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hora_native import BackendError, ReduceKind
+from hora_proto.v1 import negotiation_pb2
+
+from .._ops import OpType
+from ..errors import HorovodInternalError
+from ..settings import Settings
+from .cache import ResponseCache, Signature
+from .executor import Executor
+from .pending import Entry, Handle, Pending
+from .process_sets import ResponseList
+from .tuning import CachedPathTuning
+
+if TYPE_CHECKING:
+    from hora_native.mesh import MeshBackend, MeshRound
+
+__all__ = ["Agreement", "ControlVector"]
+
+# What a rank says of a cache slot.
+INVALID, NOT_READY, READY = 0, 1, 2
+# Sent for the values only rank 0 sets: the MIN's identity, so the MIN hands everyone rank 0's.
+UNSET = torch.iinfo(torch.int64).max
+
+Ready = list[tuple[int, Signature, Entry]]
+
+
+@dataclasses.dataclass
+class ControlVector:
+    """What one rank brings to a round; on the wire, ``slots`` then the five fields."""
+
+    slots: list[int]
+    lists_received: int
+    cache_usable: bool
+    fusion_threshold_kib: int = UNSET
+    cycle_us: int = UNSET
+    payload_budget: int = UNSET
+
+    def encode(self) -> list[int]:
+        return [*self.slots, self.lists_received, int(self.cache_usable),
+                self.fusion_threshold_kib, self.cycle_us, self.payload_budget]
+
+    @classmethod
+    def decode(cls, values: list[int]) -> ControlVector:
+        width = len(values) - 5
+        received, usable, threshold, cycle, budget = values[width:]
+        return cls(values[:width], received, bool(usable), threshold, cycle, budget)
+
+    @staticmethod
+    def agree(vectors: list[list[int]]) -> list[int]:
+        """The element-wise MIN of encoded vectors."""
+        agreed = vectors[0]
+        for theirs in vectors[1:]:
+            agreed = [a if a < b else b for a, b in zip(agreed, theirs, strict=True)]
+        return agreed
+
+
+class Agreement:
+    """The response cache and the rounds that run the global set's work."""
+
+    def __init__(self, settings: Settings, rank: int, size: int, pending: Pending,
+                 executor: Executor, send: Callable[[negotiation_pb2.TensorRequest], None],
+                 mesh: MeshBackend | None) -> None:
+        self.rank = rank
+        self.size = size
+        self._settings = settings
+        self._pending = pending
+        self._lock = pending.lock
+        self._work = pending.work
+        self._executor = executor
+        self._send = send
+        self._mesh = mesh
+        self.cache = ResponseCache(settings.cache_capacity)
+        self._cache_on = settings.cache_capacity > 0
+        self._cached_pending: dict[int, Entry] = {}
+        self._unclassified: list[Entry] = []
+        self._invalid_slots: set[int] = set()
+        self._join: Entry | None = None
+        self._join_announced = False
+        # Coordinator lists waiting for a round, and how many came and ran.
+        self._lists: collections.deque[ResponseList] = collections.deque()
+        self._received = 0
+        self._executed = 0
+        self.rounds = 0
+        self.mesh_batches = 0  # batches reduced from payloads the rounds carried
+        self._round_busy = False
+        self._waiting_drivers = 0
+        self.tuning = CachedPathTuning(settings, rank)
+        self._cycle_s = settings.cycle_time.total_seconds()
+        # Until the first round has agreed on rank 0's budget, rounds carry no payload.
+        self._agreed_budget = 0
+        pending.on_fail.append(self._drop_all)
+
+    # -- taking work (callers hold the lock) ------------------------------------
+
+    def admit(self, entry: Entry) -> bool:
+        """Takes a new global-set entry; False when it must go to the coordinator now."""
+        if entry.op_type == OpType.JOIN:
+            self._join = entry
+            self._join_announced = False
+            self._work.notify()
+            return False
+        if self._cache_on and entry.cacheable():
+            # The round loop decides hit or miss: it owns the cache, and at
+            # its round boundaries every rank's cache is the same.
+            self._unclassified.append(entry)
+            self._work.notify()
+            return True
+        return False
+
+    def receive_list(self, batch: ResponseList) -> None:
+        """A global-set response list from the coordinator, to run in a round."""
+        with self._lock:
+            self._lists.append(batch)
+            self._received += 1
+            self._work.notify_all()
+
+    def _drop_all(self) -> None:
+        self._cached_pending.clear()
+        self._unclassified.clear()
+
+    def _classify(self) -> list[Entry]:
+        """Sorts new cacheable entries into cache hits; returns the misses to send.
+
+        A cached name whose signature changed is announced invalid, so that
+        every rank drops the slot and asks the coordinator again.
+        """
+        misses = []
+        for entry in self._unclassified:
+            found = self.cache.lookup(entry.name) if self._cache_on else None
+            if found is None:
+                misses.append(entry)
+                continue
+            slot, signature = found
+            # An invalid call must reach the coordinator on every rank: the
+            # slot is dropped everywhere, so the valid ranks ask it too.
+            if entry.invalid or signature != entry.signature():
+                self._invalid_slots.add(slot)
+                misses.append(entry)
+                continue
+            self._cached_pending[slot] = entry
+        self._unclassified.clear()
+        return misses
+
+    def cached_stalls(self, limit: float) -> tuple[list[Entry], tuple[int, ...]]:
+        """Cached entries waiting longer than ``limit`` s (each reported once), and the
+        peers the round in progress waits for."""
+        now = time.monotonic()
+        with self._lock:
+            stalled = [e for e in self._cached_pending.values()
+                       if not e.stall_warned and now - e.enqueued_at > limit]
+            for entry in stalled:
+                entry.stall_warned = True
+        waiting = self._mesh.waiting_for if self._mesh is not None and stalled else ()
+        return stalled, waiting
+
+    # -- who runs rounds --------------------------------------------------------
+
+    def _needs_round(self) -> bool:
+        """Whether this rank has something the other ranks must agree on."""
+        return bool(self._cached_pending or self._invalid_slots
+                    or self._received > self._executed
+                    or (self._join is not None and not self._join_announced))
+
+    def _has_work(self) -> bool:
+        return bool(self._unclassified) or self._needs_round()
+
+    def loop(self) -> None:
+        """The background thread: runs rounds nobody waits for (gradients
+        allreduced while the backward pass goes on, say)."""
+        while True:
+            with self._lock:
+                while self._round_busy or not self._has_work():
+                    if self._pending.over():
+                        return
+                    self._work.wait(0.5)
+                if self._pending.over():
+                    return
+                self._round_busy = True
+            try:
+                self._round(background=True)
+            finally:
+                self._end_round()
+
+    def drive(self, handle: Handle, deadline: float | None) -> None:
+        """Runs rounds in the caller's thread until ``handle`` is done.
+
+        One thread at a time runs rounds; the others wait for it. Returns
+        early when the generation fails or stops, or at ``deadline`` (a
+        monotonic time).
+        """
+        while not handle.done():
+            with self._lock:
+                while self._round_busy or not self._has_work():
+                    if handle.done() or self._pending.over():
+                        return
+                    wait = 0.5
+                    if deadline is not None:
+                        wait = min(wait, deadline - time.monotonic())
+                        if wait <= 0:
+                            return
+                    self._waiting_drivers += 1
+                    try:
+                        self._work.wait(wait)
+                    finally:
+                        self._waiting_drivers -= 1
+                if handle.done() or self._pending.over():
+                    return
+                self._round_busy = True
+            try:
+                self._round(background=False)
+            except BaseException as exc:
+                # A round cut short (Ctrl-C in the caller, say) may leave a
+                # peer's message unread: later rounds could not be matched.
+                self._pending.fail(HorovodInternalError(
+                    f"rank {self.rank}: a round was interrupted ({exc!r}); this generation "
+                    f"cannot run further collectives"))
+                raise
+            finally:
+                self._end_round()
+
+    def _end_round(self) -> None:
+        with self._lock:
+            self._round_busy = False
+            # Wake whoever may go on: waiting callers (their handle may be
+            # done, or work may be left) and the background thread.
+            if self._waiting_drivers or self._has_work():
+                self._work.notify_all()
+
+    # -- one round --------------------------------------------------------------
+
+    def _round(self, background: bool) -> None:
+        with self._lock:
+            misses = self._classify()
+        for entry in misses:
+            self._send(entry.request())
+        with self._lock:
+            if not self._needs_round():
+                return  # only misses: the coordinator answers, then we meet
+        if background and self._cycle_s > 0:
+            time.sleep(self._cycle_s)  # let more tensors become ready, for fusion
+        with self._lock:
+            slots = [NOT_READY] * len(self.cache)
+            ready = sorted(self._cached_pending.items())
+            for slot, _entry in ready:
+                slots[slot] = READY
+            for slot in self._invalid_slots:
+                slots[slot] = INVALID
+            self._invalid_slots.clear()
+            vector = ControlVector(slots, self._received,
+                                   self._cache_on and self._join is None)
+            if self.rank == 0:
+                vector.fusion_threshold_kib, vector.cycle_us = self.tuning.proposal()
+                vector.payload_budget = self._mesh.budget if self._mesh is not None else 0
+            if self._join is not None:
+                self._join_announced = True
+        try:
+            agreed, mesh_round = self._exchange(vector, ready)
+        except BackendError as exc:
+            self._pending.fail(HorovodInternalError(
+                f"data plane failed on rank {self.rank} agreeing on ready tensors: {exc}"))
+            return
+        self.rounds += 1
+        self._executor.timeline.cycle_start()
+        self._cycle_s = agreed.cycle_us / 1e6
+        self._executor.run_safely((), lambda: self._apply(agreed, mesh_round))
+        self._agreed_budget = agreed.payload_budget
+        self.tuning.step()
+
+    def _layout(self, slots: list[int]) -> tuple[dict[int, int], int]:
+        assert self._mesh is not None
+        return self._mesh.layout(slots, self.cache.signature, self._agreed_budget,
+                                 self.cache.version)
+
+    def _exchange(self, vector: ControlVector, ready: list[tuple[int, Entry]]
+                  ) -> tuple[ControlVector, MeshRound | None]:
+        """Every rank's vector, agreed; over the mesh, with the payloads it carried."""
+        mesh = self._mesh
+        if mesh is not None:
+            layout = self._layout([slot for slot, _entry in ready])
+            payload = mesh.pack([(slot, entry.buffer, entry.prescale_factor)
+                                 for slot, entry in ready], layout)
+            messages = mesh.exchange(vector.encode(), payload)
+            agreed = ControlVector.decode(ControlVector.agree([v for v, _p in messages]))
+            if READY not in agreed.slots:
+                return agreed, None
+            # Where each rank's payload holds which tensors. A rank that could
+            # not send its payload sent none: its tensors go through Gloo, on
+            # every rank alike.
+            layouts = []
+            for theirs, sent in messages:
+                offsets, total = self._layout(
+                    [slot for slot, value in enumerate(theirs[:len(agreed.slots)])
+                     if value == READY])
+                layouts.append(offsets if sent is not None and sent.numel() == total else {})
+            return agreed, mesh.round(messages, layouts)
+        group = self._executor.sets.get(0)
+        if group.size == 1:
+            return vector, None
+        tensor = torch.tensor(vector.encode(), dtype=torch.int64)
+        self._executor.sets.backend("cpu", group).allreduce(tensor, ReduceKind.MIN)
+        return ControlVector.decode(tensor.tolist()), None
+
+    def _apply(self, agreed: ControlVector, mesh_round: MeshRound | None) -> None:
+        # 1. Slots some rank found stale: drop them; our own waiting tensors
+        #    go to the coordinator instead.
+        resend = []
+        ready: Ready = []
+        with self._lock:
+            for slot, value in enumerate(agreed.slots):
+                if value == INVALID:
+                    self.cache.evict(slot)
+                    entry = self._cached_pending.pop(slot, None)
+                    if entry is not None:
+                        resend.append(entry)
+            timeline = self._executor.timeline
+            for slot, value in enumerate(agreed.slots):
+                if value == READY:
+                    entry = self._cached_pending.pop(slot, None)
+                    if entry is None:  # failed meanwhile; the rounds stop next
+                        continue
+                    ready.append((slot, self.cache.signature(slot), entry))
+                    self.cache.touch(slot)
+                    if timeline.active:
+                        timeline.negotiate_end(entry.name)
+                        timeline.start(entry.name, OpType.ALLREDUCE)
+                        timeline.activity_start(entry.name, "QUEUE")
+        for entry in resend:
+            self._send(entry.request())
+        # 2. Slots ready everywhere: reduced from the payloads when every rank
+        #    sent the tensor, else fused in slot order through the set's backend.
+        if mesh_round is not None:
+            carried = [item for item in ready if mesh_round.carries(item[0])]
+            for batch in self._batches(carried, sys.maxsize):
+                backend = mesh_round.batch([(slot, sig.nbytes) for slot, sig, _e in batch])
+                self._allreduce(backend, batch)
+                self.mesh_batches += 1
+            ready = [item for item in ready if not mesh_round.carries(item[0])]
+        group = self._executor.sets.get(0)
+        for batch in self._batches(ready, agreed.fusion_threshold_kib * 1024):
+            backend = self._executor.sets.backend(batch[0][2].buffer.device.type, group)
+            self._allreduce(backend, batch)
+        # 3. A rank has joined: stop using the cache until the join completes.
+        if not agreed.cache_usable and self._cache_on:
+            self._set_cache(False)
+        # 4. Coordinator lists that every rank has received.
+        while self._executed < agreed.lists_received:
+            with self._lock:
+                batch_list = self._lists.popleft()
+            self._executed += 1
+            for response in batch_list:
+                if response.type == negotiation_pb2.RESPONSE_TYPE_JOIN:
+                    self._finish_join(response)
+                else:
+                    self._remember(response, self._executor.execute(response))
+
+    def _allreduce(self, backend: Any, batch: Ready) -> None:
+        entries = [entry for _slot, _sig, entry in batch]
+        self._executor.allreduce(backend, entries, self.size)
+        self.tuning.count(sum(entry.buffer.nbytes for entry in entries))
+
+    def _batches(self, ready: Ready, threshold: int) -> Iterator[Ready]:
+        """Runs of ``ready`` (in slot order) that can share one fusion buffer: the same
+        fusion key, at most ``threshold`` bytes (a larger tensor goes alone). Their
+        names leave the pending table as each batch is handed out."""
+        i = 0
+        while i < len(ready):
+            key = ready[i][1].fusion_key
+            nbytes = ready[i][2].buffer.nbytes
+            j = i + 1
+            while j < len(ready) and ready[j][1].fusion_key == key:
+                nbytes += ready[j][2].buffer.nbytes
+                if nbytes > threshold:
+                    break
+                j += 1
+            batch = ready[i:j]
+            i = j
+            self._pending.discard([entry for _slot, _sig, entry in batch])
+            yield batch
+
+    # -- the cache --------------------------------------------------------------
+
+    def _remember(self, response: negotiation_pb2.Response, entries: list[Entry]) -> None:
+        """Caches a negotiated allreduce so that its next occurrence skips the coordinator."""
+        if (not self._cache_on or response.type != negotiation_pb2.RESPONSE_TYPE_ALLREDUCE
+                or response.process_set_id != 0 or response.join_fill):
+            return
+        if not entries or any(not e.cacheable() for e in entries):
+            return
+        resend = []
+        with self._lock:
+            for entry in entries:
+                _, evicted = self.cache.put(entry.name, entry.signature())
+                if evicted is not None:
+                    waiting = self._cached_pending.pop(evicted, None)
+                    if waiting is not None:
+                        resend.append(waiting)
+        for entry in resend:
+            self._send(entry.request())
+
+    def _set_cache(self, on: bool) -> None:
+        resend = []
+        with self._lock:
+            self._cache_on = on and self._settings.cache_capacity > 0
+            if not on:
+                self.cache.clear()
+                resend = list(self._cached_pending.values())
+                self._cached_pending.clear()
+        for entry in resend:
+            self._send(entry.request())
+
+    def _finish_join(self, response: negotiation_pb2.Response) -> None:
+        """Every rank has joined: the join returns, and the cache is used again."""
+        with self._lock:
+            join, self._join = self._join, None
+            if join is not None:
+                self._pending.entries.pop(join.name, None)
+        if join is not None:
+            self._executor.finish(join, response.last_joined_rank)
+        self._set_cache(True)

@@ -1,0 +1,271 @@
+"""Running responses on the data plane: op dispatch, fusion and scaling.
+
+The negotiator and the agreement rounds decide what runs and in which order;
+this stage moves the bytes. A response names tensors pending on this rank;
+the executor takes them from the pending table, runs the collective on the
+process set's backend (fusing allreduces into a reused buffer) and
+completes their handles. An allreduce is prescaled, reduced by the backend
+and postscaled here, whichever backend the round chose (Gloo, NCCL, xccl,
+or the mesh for bytes the round carried).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hora_native import BackendError, ReduceKind, scale_
+from hora_proto.v1 import negotiation_pb2
+
+from .._ops import OpType, ReduceOp, split_rows
+from ..errors import (
+    HoraError,
+    HorovodInternalError,
+    InvalidCallError,
+    RankLostError,
+    TensorMismatchError,
+)
+from ..timeline import NULL_TIMELINE, NullTimeline, Timeline
+from .pending import Entry, Handle, Pending
+from .process_sets import ProcessSets, SetGroup
+
+__all__ = ["Executor", "RESPONSE_OP"]
+
+log = logging.getLogger("hora")
+
+RESPONSE_OP = {
+    negotiation_pb2.RESPONSE_TYPE_ALLREDUCE: OpType.ALLREDUCE,
+    negotiation_pb2.RESPONSE_TYPE_ALLGATHER: OpType.ALLGATHER,
+    negotiation_pb2.RESPONSE_TYPE_BROADCAST: OpType.BROADCAST,
+    negotiation_pb2.RESPONSE_TYPE_ALLTOALL: OpType.ALLTOALL,
+    negotiation_pb2.RESPONSE_TYPE_REDUCESCATTER: OpType.REDUCESCATTER,
+    negotiation_pb2.RESPONSE_TYPE_BARRIER: OpType.BARRIER,
+}
+
+_NATIVE_REDUCE = {
+    ReduceOp.SUM: ReduceKind.SUM,
+    ReduceOp.AVERAGE: ReduceKind.SUM,
+    ReduceOp.MIN: ReduceKind.MIN,
+    ReduceOp.MAX: ReduceKind.MAX,
+    ReduceOp.PRODUCT: ReduceKind.PRODUCT,
+}
+
+_ERROR_CLASSES: dict[int, type[HoraError]] = {
+    negotiation_pb2.ERROR_KIND_RANK_GONE: RankLostError,
+    negotiation_pb2.ERROR_KIND_INVALID: InvalidCallError,
+}
+
+
+def post_factor(entry: Entry, set_size: int) -> float:
+    """What a reduction's result is multiplied by: the postscale, over the set
+    size for an average."""
+    post = entry.postscale_factor
+    return post / set_size if entry.reduce_op == ReduceOp.AVERAGE else post
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dim() == 1 else tensor.view(-1)
+
+
+def identity(op: ReduceOp, dtype: torch.dtype) -> float | int | bool:
+    """What a joined rank contributes to an allreduce: the reduction's identity."""
+    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        return 0
+    if op == ReduceOp.PRODUCT:
+        return 1
+    if dtype == torch.bool:  # and for Min, or for Max
+        return op == ReduceOp.MIN
+    if dtype.is_floating_point:
+        return float("inf") if op == ReduceOp.MIN else float("-inf")
+    info = torch.iinfo(dtype)
+    return info.max if op == ReduceOp.MIN else info.min
+
+
+class Executor:
+    """Runs responses on the data plane and completes their entries."""
+
+    def __init__(self, rank: int, pending: Pending, sets: ProcessSets) -> None:
+        self.rank = rank
+        self._pending = pending
+        self.sets = sets
+        self.timeline: Timeline | NullTimeline = NULL_TIMELINE
+        self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    # -- running safely ---------------------------------------------------------
+
+    def run_safely(self, names: Sequence[str], work: Callable[[], None]) -> None:
+        """Runs ``work``; a failure fails the generation instead of escaping a thread."""
+        try:
+            work()
+        except BackendError as exc:
+            self._pending.fail(HorovodInternalError(
+                f"data plane failed on rank {self.rank} running {list(names)[:3]}: {exc}"))
+        except HoraError as exc:
+            self._pending.fail(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug must fail handles, not hang them
+            log.exception("rank %d: executing %s failed", self.rank, list(names)[:3])
+            self._pending.fail(HorovodInternalError(f"internal error on rank {self.rank}: {exc}"))
+
+    def run_list(self, responses: Sequence[negotiation_pb2.Response]) -> None:
+        """Runs a non-global set's response list, in order."""
+        for response in responses:
+            self.run_safely(response.tensor_names, functools.partial(self._run, response))
+
+    def _run(self, response: negotiation_pb2.Response) -> None:
+        self.execute(response)
+
+    # -- responses --------------------------------------------------------------
+
+    def execute(self, response: negotiation_pb2.Response) -> list[Entry]:
+        """Runs one collective or error response; returns the local entries it completed.
+
+        (Join responses belong to the agreement rounds, which handle them.)
+        """
+        entries = self._pending.take(response.tensor_names)
+        if response.join_fill and len(entries) < len(response.tensor_names):
+            entries = self._fill_for_join(response, entries)
+        if response.type == negotiation_pb2.RESPONSE_TYPE_ERROR:
+            error_cls = _ERROR_CLASSES.get(response.error_kind, TensorMismatchError)
+            for entry in entries:
+                entry.handle.set_error(error_cls(response.error_message))
+            return []
+        if len(entries) != len(response.tensor_names):
+            raise HorovodInternalError(
+                f"rank {self.rank} got a response for tensors it does not have pending: "
+                f"{list(response.tensor_names)}")
+        op = RESPONSE_OP[response.type]
+        group = self.sets.get(response.process_set_id)
+        backend = self.sets.backend(entries[0].buffer.device.type, group)
+        if op != OpType.ALLREDUCE:
+            self.activity([e.name for e in entries], "QUEUE",
+                          f"{backend.name.upper()}_{op.name}")
+        if op == OpType.ALLREDUCE:
+            self.allreduce(backend, entries, group.size)
+        elif op == OpType.ALLGATHER:
+            self._allgather(backend, entries, response.first_dims, group.size)
+        elif op == OpType.BROADCAST:
+            entry = entries[0]
+            backend.broadcast(entry.buffer, group.ranks.index(entry.root_rank))
+            self.finish(entry, entry.buffer)
+        elif op == OpType.ALLTOALL:
+            self._alltoall(backend, entries[0], response.splits, group)
+        elif op == OpType.REDUCESCATTER:
+            self._reducescatter(backend, entries[0], group)
+        elif op == OpType.BARRIER:
+            backend.barrier()
+            self.finish(entries[0], None)
+        return entries
+
+    def finish(self, entry: Entry, value: Any) -> None:
+        self.timeline.end(entry.name)
+        entry.handle.set_result(entry.result(value) if entry.result else value)
+
+    def _fill_for_join(self, response: negotiation_pb2.Response,
+                       entries: list[Entry]) -> list[Entry]:
+        """Stand-ins for tensors this joined rank never submitted: identity values."""
+        have = {e.name: e for e in entries}
+        filled = []
+        for name, meta in zip(response.tensor_names, response.join_fill, strict=True):
+            entry = have.get(name)
+            if entry is None:
+                dtype = getattr(torch, meta.dtype)
+                op = ReduceOp(meta.reduce_op)
+                buffer = torch.full(tuple(meta.shape), identity(op, dtype), dtype=dtype,
+                                    device=meta.device or "cpu")
+                entry = Entry(name=name, op_type=OpType.ALLREDUCE, buffer=buffer,
+                              handle=Handle(name), reduce_op=op,
+                              prescale_factor=meta.prescale_factor,
+                              postscale_factor=meta.postscale_factor,
+                              process_set_id=meta.process_set_id)
+            filled.append(entry)
+        return filled
+
+    # -- collectives ------------------------------------------------------------
+
+    def fusion_buffer(self, dtype: torch.dtype, device: torch.device, numel: int
+                      ) -> torch.Tensor:
+        key = (dtype, device)
+        buf = self._fusion_buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            # Grow geometrically so a slowly growing model does not reallocate every step.
+            size = max(numel, 2 * buf.numel() if buf is not None else 0)
+            buf = torch.empty(size, dtype=dtype, device=device)
+            self._fusion_buffers[key] = buf
+        return buf[:numel]
+
+    def allreduce(self, backend: Any, entries: list[Entry], set_size: int) -> None:
+        """Allreduces ``entries`` (one fusion batch) on ``backend`` and completes them."""
+        first = entries[0]
+        names = [e.name for e in entries]
+        self.activity(names, "QUEUE", None)
+        reads_input = backend.reads_input
+        if len(entries) == 1:
+            buf = first.buffer
+        else:
+            total = sum(e.buffer.numel() for e in entries)
+            buf = self.fusion_buffer(first.buffer.dtype, first.buffer.device, total)
+            if reads_input:
+                self.activity(names, None, "MEMCPY_IN_FUSION_BUFFER")
+                torch.cat([e.buffer.reshape(-1) for e in entries], out=buf)
+                self.activity(names, "MEMCPY_IN_FUSION_BUFFER", None)
+        activity = f"{backend.name.upper()}_ALLREDUCE"
+        self.activity(names, None, activity)
+        if reads_input:
+            scale_(buf, first.prescale_factor)
+        backend.allreduce(buf, _NATIVE_REDUCE[first.reduce_op])
+        scale_(buf, post_factor(first, set_size))
+        self.activity(names, activity, None)
+        if len(entries) == 1:
+            self.finish(first, buf)
+            return
+        self.activity(names, None, "MEMCPY_OUT_FUSION_BUFFER")
+        outputs = [_flat(entry.buffer) for entry in entries]
+        torch._foreach_copy_(outputs, list(buf.split([out.numel() for out in outputs])))
+        self.activity(names, "MEMCPY_OUT_FUSION_BUFFER", None)
+        for entry in entries:
+            self.finish(entry, entry.buffer)
+
+    def activity(self, names: list[str], end: str | None, start: str | None) -> None:
+        timeline = self.timeline
+        if not timeline.active:
+            return
+        for name in names:
+            if end is not None:
+                timeline.activity_end(name)
+            if start is not None:
+                timeline.activity_start(name, start)
+
+    def _allgather(self, backend: Any, entries: list[Entry], first_dims: Sequence[int],
+                   set_size: int) -> None:
+        for i, entry in enumerate(entries):
+            counts = list(first_dims[i * set_size:(i + 1) * set_size])
+            tensor = entry.buffer
+            output = tensor.new_empty((sum(counts),) + tuple(tensor.shape[1:]))
+            backend.allgatherv(output, tensor, counts)
+            self.finish(entry, output)
+
+    def _alltoall(self, backend: Any, entry: Entry, matrix: Sequence[int],
+                  group: SetGroup) -> None:
+        me, set_size = group.index, group.size
+        assert me is not None
+        send = [int(matrix[me * set_size + s]) for s in range(set_size)]
+        recv = [int(matrix[r * set_size + me]) for r in range(set_size)]
+        tensor = entry.buffer
+        output = tensor.new_empty((sum(recv),) + tuple(tensor.shape[1:]))
+        backend.alltoallv(output, tensor, recv, send)
+        self.finish(entry, (output, torch.tensor(recv, dtype=torch.int32)))
+
+    def _reducescatter(self, backend: Any, entry: Entry, group: SetGroup) -> None:
+        assert group.index is not None
+        set_size = group.size
+        tensor = entry.buffer
+        counts = split_rows(tensor.shape[0], set_size)
+        scale_(tensor, entry.prescale_factor)
+        output = tensor.new_empty((counts[group.index],) + tuple(tensor.shape[1:]))
+        backend.reducescatter(output, tensor, _NATIVE_REDUCE[entry.reduce_op], counts)
+        scale_(output, post_factor(entry, set_size))
+        self.finish(entry, output)

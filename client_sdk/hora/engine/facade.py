@@ -1,0 +1,191 @@
+"""The engine of one worker and one generation: the stages wired together.
+
+A tensor's path (ARCHITECTURE.md follows one gradient file by file):
+
+- :mod:`.pending`: the caller's :class:`~.pending.Entry` waits under its name.
+- :mod:`.agreement`: a cached allreduce is agreed on peer to peer in a round
+  (and its bytes may travel with the round, over the mesh);
+- :mod:`.negotiator`: any other request goes to the coordinator, whose
+  ordered answers come back on the stream;
+- :mod:`.executor`: the answer runs on the data plane (fusion, scaling,
+  op dispatch) and completes the handle;
+- :mod:`.process_sets`: which ranks and backends a set has;
+- :mod:`.liveness`: heartbeats and stall warnings.
+
+A failure of the generation (lost rank, broken stream, data-plane error)
+fails every pending handle and every later enqueue with the same error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from hora_proto.v1 import rendezvous_pb2
+
+from .._client import CoordinatorClient
+from .._shm import segment_prefix
+from .._store import CoordinatorStore
+from ..errors import HoraError, HorovodInternalError
+from ..settings import Settings
+from ..timeline import NULL_TIMELINE, NullTimeline, Timeline
+from .agreement import Agreement
+from .executor import Executor
+from .liveness import Liveness
+from .negotiator import Negotiator
+from .pending import Entry, Handle, Pending
+from .process_sets import ProcessSets, SetGroup
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """Negotiates and runs the collectives of one worker in one generation.
+
+    Args:
+        settings: the worker's settings.
+        client: the coordinator client (the engine does not own it).
+        world: this worker's world view for the generation.
+    """
+
+    def __init__(self, settings: Settings, client: CoordinatorClient,
+                 world: rendezvous_pb2.WorldView) -> None:
+        self.settings = settings
+        self.world = world
+        self.rank = world.rank
+        self.size = world.size
+        self._client = client
+        self._pending = Pending(world.rank)
+        # The Python store object must outlive every C++ wrapper around it:
+        # torch's trampoline finds its methods through this reference.
+        self._coordinator_store = CoordinatorStore(client, settings.start_timeout)
+        store = dist.PrefixStore(world.store_prefix, self._coordinator_store)
+        address = world.members[world.rank].data_plane_address or settings.data_plane_address
+        self._sets = ProcessSets(world.rank, world.size, store, settings.collective_timeout,
+                                 address, run_list=lambda batch: self._executor.run_list(batch))
+        self._executor = Executor(world.rank, self._pending, self._sets)
+        if settings.timeline:
+            self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
+        self._sets.backend("cpu", self._sets.get(0))  # every rank builds the CPU data plane
+        # Rounds agree over direct connections in small worlds (one TCP round
+        # trip), through a Gloo allreduce in large ones.
+        from hora_native.mesh import MAX_MESH_SIZE, MeshBackend
+
+        mesh = None
+        if 1 < world.size <= MAX_MESH_SIZE:
+            mesh = MeshBackend(
+                dist.PrefixStore("ctl/", store), world.rank, world.size,
+                settings.collective_timeout, address,
+                shared_memory=settings.shm_allreduce_bytes > 0,
+                shm_prefix=segment_prefix(settings.job_id),
+                shm_bytes=settings.shm_allreduce_bytes,
+                socket_bytes=settings.mesh_allreduce_bytes)
+        self._mesh = mesh
+        self.agreement = Agreement(settings, world.rank, world.size, self._pending,
+                                   self._executor, send=lambda r: self._negotiator.send(r),
+                                   mesh=mesh)
+        self._liveness = Liveness(settings, client, world.generation, world.rank,
+                                  self._pending, self.agreement.cached_stalls)
+        self._negotiator = Negotiator(settings, client, world.generation, world.rank,
+                                      self._pending, self._executor, self._sets,
+                                      on_global_list=self.agreement.receive_list)
+        self._threads = [
+            self._negotiator.thread,
+            threading.Thread(target=self.agreement.loop, name="hora-rounds", daemon=True),
+            self._liveness.thread,
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def timeline(self) -> Timeline | NullTimeline:
+        return self._executor.timeline
+
+    @property
+    def rounds(self) -> int:
+        return self.agreement.rounds
+
+    @property
+    def mesh_batches(self) -> int:
+        return self.agreement.mesh_batches
+
+    def enqueue(self, entry: Entry) -> Handle:
+        """Submits ``entry`` for negotiation and returns its handle.
+
+        Raises:
+            InvalidCallError: a tensor with the same name is already in flight (a
+                ValueError, as in Horovod, and a RuntimeError).
+            HorovodInternalError: the generation has failed.
+        """
+        with self._pending.lock:
+            self._pending.add(entry)
+            if entry.process_set_id == 0:
+                entry.handle.driver = self.agreement.drive
+            self._executor.timeline.negotiate_start(entry.name, entry.op_type)
+            if self.agreement.admit(entry):
+                return entry.handle
+        self._negotiator.send(entry.request())
+        return entry.handle
+
+    def failure(self) -> HoraError | None:
+        return self._pending.failure
+
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Starts writing a Chrome trace to ``path`` (rank 0 only, as Horovod does)."""
+        if self.rank != 0:
+            return
+        self.stop_timeline()
+        self._executor.timeline = Timeline(path, self.rank, mark_cycles=mark_cycles)
+
+    def stop_timeline(self) -> None:
+        timeline, self._executor.timeline = self._executor.timeline, NULL_TIMELINE
+        timeline.close()
+
+    def host_update_epoch(self) -> tuple[int, bool]:
+        """The newest host-change epoch seen in heartbeats, and whether it only removed hosts."""
+        return self._liveness.host_epoch
+
+    def process_set(self, process_set_id: int) -> SetGroup:
+        """The registered process set ``process_set_id`` (ValueError when unknown)."""
+        return self._sets.get(process_set_id)
+
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None:
+        """Registers a set with the coordinator and builds its CPU data plane.
+
+        Every rank calls this together; the members' process group forms
+        only once all of them have called it.
+        """
+        ranks = sorted(ranks)
+        self._client.add_process_set(self.world.generation, process_set_id, ranks)
+        self._sets.add(process_set_id, ranks)
+
+    def remove_process_set(self, process_set_id: int) -> None:
+        try:
+            self._sets.get(process_set_id)
+        except ValueError:
+            return
+        self._client.remove_process_set(self.world.generation, process_set_id)
+        self._sets.remove(process_set_id)
+
+    def shutdown(self, timeout: timedelta = timedelta(seconds=10), rejoin: bool = False) -> None:
+        """Leaves the job (or, with ``rejoin``, this generation), stops the threads
+        and releases the data plane."""
+        if self._pending.stopping.is_set():
+            return
+        self._pending.stopping.set()
+        self._client.leave(reason="reset" if rejoin else "shutdown", rejoin=rejoin)
+        self._negotiator.close()
+        self._pending.fail(HorovodInternalError("hora has been shut down"))
+        threads = self._threads + self._sets.stop()
+        deadline = time.monotonic() + timeout.total_seconds()
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._sets.close()
+        if self._mesh is not None:
+            self._mesh.close()
+        self.stop_timeline()
+

@@ -1,0 +1,229 @@
+"""What is in flight: handles, entries, the pending table and its failure latch.
+
+A caller's collective becomes an :class:`Entry` with a :class:`Handle`; the
+entry waits in :class:`Pending` under its name until a stage completes it.
+Once the generation fails (a lost rank, a broken stream, a data-plane
+error), :meth:`Pending.fail` completes every waiting handle with that error
+and every later :meth:`Pending.add` raises it. :class:`HandleMap` gives
+handles the integer ids Horovod's API hands out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hora_proto.v1 import negotiation_pb2
+
+from .._ops import OpType, ReduceOp, dtype_name
+from ..errors import HoraError, InvalidCallError
+from .cache import Signature
+
+__all__ = ["Entry", "Handle", "HandleMap", "Pending"]
+
+log = logging.getLogger("hora")
+
+# Guards the hand-over between a handle's completion and a thread starting to block on it.
+_HANDLE_LOCK = threading.Lock()
+
+
+class Handle:
+    """The future of one enqueued collective."""
+
+    __slots__ = ("name", "_finished", "_event", "_result", "_error", "driver")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._finished = False
+        # Made only when a thread blocks on this handle: most handles are
+        # completed by the round their waiter runs, and an Event per tensor
+        # costs more than the rest of its bookkeeping.
+        self._event: threading.Event | None = None
+        self._result: Any = None
+        self._error: BaseException | None = None
+        # Set by the engine for tensors its rounds run: a waiting caller runs
+        # the rounds itself (until the deadline, a monotonic time) instead of
+        # handing them to a thread and back.
+        self.driver: Callable[[Handle, float | None], None] | None = None
+
+    def done(self) -> bool:
+        return self._finished
+
+    def _complete(self) -> None:
+        with _HANDLE_LOCK:
+            self._finished = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def set_result(self, result: Any) -> None:
+        self._result = result
+        self._complete()
+
+    def set_error(self, error: BaseException) -> None:
+        if not self._finished:
+            self._error = error
+            self._complete()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Returns the result, or raises the collective's error.
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        if self.driver is not None and not self._finished:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self.driver(self, deadline)
+            if deadline is not None:
+                timeout = max(0.0, deadline - time.monotonic())
+        if not self._finished:
+            with _HANDLE_LOCK:
+                if not self._finished and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError(f"tensor {self.name!r} did not complete within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """One collective as the engine sees it.
+
+    ``buffer`` is what the collective reads (and, for in-place reductions and
+    broadcasts, writes); ``result`` turns what the collective produced into
+    what the caller's handle returns.
+    """
+
+    name: str
+    op_type: OpType
+    buffer: torch.Tensor
+    handle: Handle
+    reduce_op: ReduceOp = ReduceOp.SUM
+    root_rank: int = 0
+    prescale_factor: float = 1.0
+    postscale_factor: float = 1.0
+    process_set_id: int = 0
+    splits: Sequence[int] | None = None
+    group_id: int = 0
+    group_size: int = 0
+    result: Callable[[Any], Any] | None = None
+    # Why this rank's call is invalid (see TensorRequest.invalid); the
+    # coordinator fails the call on every rank, and it never runs.
+    invalid: str = ""
+    enqueued_at: float = dataclasses.field(default_factory=time.monotonic)
+    stall_warned: bool = False
+
+    def signature(self) -> Signature:
+        return Signature(dtype_name(self.buffer.dtype), tuple(self.buffer.shape),
+                         self.buffer.device.type, int(self.reduce_op),
+                         self.prescale_factor, self.postscale_factor)
+
+    def cacheable(self) -> bool:
+        """Global-set, ungrouped allreduces can skip the coordinator once negotiated."""
+        return (self.op_type == OpType.ALLREDUCE and self.process_set_id == 0
+                and self.group_id == 0)
+
+    def request(self) -> negotiation_pb2.TensorRequest:
+        return negotiation_pb2.TensorRequest(
+            name=self.name, op_type=self.op_type.value, dtype=dtype_name(self.buffer.dtype),
+            shape=list(self.buffer.shape), device=self.buffer.device.type,
+            reduce_op=self.reduce_op.value, root_rank=self.root_rank,
+            prescale_factor=self.prescale_factor, postscale_factor=self.postscale_factor,
+            process_set_id=self.process_set_id, splits=list(self.splits or ()),
+            group_id=self.group_id, group_size=self.group_size, invalid=self.invalid)
+
+
+class Pending:
+    """The entries in flight by name, and the generation's failure latch.
+
+    ``lock`` guards the table and is shared with the agreement stage, whose
+    condition ``work`` wakes the threads that run rounds.
+    """
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.lock = threading.Lock()
+        self.work = threading.Condition(self.lock)
+        self.entries: dict[str, Entry] = {}
+        self.failure: HoraError | None = None
+        self.stopping = threading.Event()
+        #: Called with the lock held when the generation fails, to drop what
+        #: other stages hold of the failed entries.
+        self.on_fail: list[Callable[[], None]] = []
+
+    def add(self, entry: Entry) -> None:
+        """Records ``entry``; call with the lock held.
+
+        Raises:
+            InvalidCallError: a tensor with the same name is already in flight.
+            HoraError: the generation has failed (a new error of its class).
+        """
+        if self.failure is not None:
+            raise type(self.failure)(str(self.failure))
+        if entry.name in self.entries:
+            raise InvalidCallError(
+                f"a tensor named {entry.name!r} is already in flight on rank {self.rank}; "
+                f"names must be unique among pending operations")
+        self.entries[entry.name] = entry
+
+    def take(self, names: Sequence[str]) -> list[Entry]:
+        """Removes and returns the entries of ``names`` this rank has."""
+        with self.lock:
+            return [self.entries.pop(name) for name in names if name in self.entries]
+
+    def discard(self, entries: Sequence[Entry]) -> None:
+        with self.lock:
+            for entry in entries:
+                self.entries.pop(entry.name, None)
+
+    def fail(self, error: HoraError) -> None:
+        """Fails every pending handle with the generation's first error."""
+        with self.lock:
+            if self.failure is None:
+                self.failure = error
+            pending, self.entries = self.entries, {}
+            for drop in self.on_fail:
+                drop()
+            self.work.notify_all()
+        if pending and not self.stopping.is_set():
+            log.error("rank %d: failing %d pending tensor(s) (%s): %s", self.rank, len(pending),
+                      ", ".join(sorted(pending)[:5]), error)
+        for entry in pending.values():
+            entry.handle.set_error(self.failure)
+
+    def over(self) -> bool:
+        """Whether the generation has failed or is shutting down."""
+        return self.failure is not None or self.stopping.is_set()
+
+
+class HandleMap:
+    """The integer handles of Horovod's API (``hvd.allreduce_async`` returns one)."""
+
+    def __init__(self) -> None:
+        self._handles: dict[int, Handle] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+
+    def register(self, handle: Handle) -> int:
+        with self._lock:
+            handle_id = next(self._ids)
+            self._handles[handle_id] = handle
+        return handle_id
+
+    def get(self, handle_id: int) -> Handle | None:
+        with self._lock:
+            return self._handles.get(handle_id)
+
+    def release(self, handle_id: int) -> None:
+        with self._lock:
+            self._handles.pop(handle_id, None)
