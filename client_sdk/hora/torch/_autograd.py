@@ -23,11 +23,7 @@ import torch
 from .._ops import ReduceOp
 from ._basics import ProcessSet, global_process_set, rank, synchronize
 from ._collectives import (
-    _op,
     _reducescatter_async,
-    _scale_factors,
-    _tensor,
-    _tensors,
     allgather_async,
     allreduce_,
     allreduce_async,
@@ -37,6 +33,7 @@ from ._collectives import (
     grouped_allreduce_,
     grouped_allreduce_async,
 )
+from ._validation import _op, _scale_factors, _tensor, _tensors
 
 __all__ = ["allgather", "allreduce", "alltoall", "broadcast", "grouped_allgather",
            "grouped_allreduce", "grouped_reducescatter", "reducescatter"]
