@@ -5,10 +5,11 @@
 Steps: parse the command line (:mod:`.args`), place ranks on hosts
 (:mod:`.hosts`), embed a coordinator unless ``--coordinator`` names one,
 build each worker's environment (:mod:`.env`), then start and supervise the
-workers (:mod:`.supervisor`, as :mod:`.fixed` decides). Exit codes: 0 when all workers succeed, the first
-failing worker's code otherwise (128+N for signal N), 130/143 when
-``horarun`` is interrupted, 2 for usage errors, 1 when the embedded
-coordinator cannot start or a remote host does not answer over ssh.
+workers (:mod:`.supervisor`, as :mod:`.fixed` decides). Exit codes: 0 when
+all workers succeed, the first failing worker's code otherwise (128+N for
+signal N), 130/143 when ``horarun`` is interrupted, 2 for usage errors, 1
+when the embedded coordinator cannot start or a remote host does not answer
+over ssh.
 
 Hosts that are not this machine run their workers over ssh (:mod:`.remote`);
 such a job's coordinator and data planes listen on a routable address
@@ -17,7 +18,8 @@ instead of loopback (:func:`_network`).
 An elastic job (``--min-np``/``--max-np``/``--host-discovery-script``) takes
 its hosts from a discovery script (:mod:`.discovery`) or a fixed ``-H`` list,
 and is supervised by :mod:`.supervisor` following the decisions of
-:mod:`.elastic` (wired by :mod:`.elastic_driver`); it exits 1 when it cannot keep ``--min-np`` workers.
+:mod:`.elastic` (wired by :mod:`.elastic_driver`); it exits 1 when it cannot
+keep ``--min-np`` workers.
 """
 
 from __future__ import annotations
