@@ -50,13 +50,7 @@ import time
 from datetime import timedelta
 from types import TracebackType
 
-__all__ = [
-    "ACTIVITIES",
-    "NULL_TIMELINE",
-    "OPS",
-    "NullTimeline",
-    "Timeline",
-]
+__all__ = ["ACTIVITIES", "NULL_TIMELINE", "OPS", "NullTimeline", "Timeline"]
 
 logger = logging.getLogger("hora.timeline")
 
@@ -72,13 +66,8 @@ OPS = frozenset(
 #: Horovod's activity names the engine is expected to use. Any other string is
 #: accepted too (it becomes the event name as is).
 ACTIVITIES = frozenset(
-    {
-        "QUEUE",
-        "MEMCPY_IN_FUSION_BUFFER",
-        "MEMCPY_OUT_FUSION_BUFFER",
-        *(f"GLOO_{op}" for op in OPS),
-        *(f"NCCL_{op}" for op in OPS),
-    }
+    {"QUEUE", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"}
+    | {f"{plane}_{op}" for plane in ("GLOO", "NCCL") for op in OPS}
 )
 
 _CYCLE_ROW = 0

@@ -26,10 +26,10 @@ from hora.runner.elastic import (
     StartWorker,
     StopWorker,
 )
-from hora.runner.elastic_supervisor import ElasticSupervisor
+from hora.runner.elastic_driver import ElasticDriver
 from hora.runner.env import elastic_worker_environment
 from hora.runner.hosts import HostError, HostSlots, parse_discovery_output
-from hora.runner.procs import WorkerOutput
+from hora.runner.output import WorkerOutput
 from hora.settings import Settings
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
@@ -523,7 +523,7 @@ def test_supervisor_kills_a_removed_hosts_worker_that_ignores_sigterm(tmp_path: 
 
     out, err = io.StringIO(), io.StringIO()
     output = WorkerOutput(stdout=out, stderr=err)
-    supervisor = ElasticSupervisor(
+    supervisor = ElasticDriver(
         planner, HostPoller(find, interval=0.05, say=output.say),
         lambda host: {"HOST": host}, [sys.executable, "-c", script],
         output=output, grace_period=0.5)

@@ -13,6 +13,7 @@ import pytest
 
 from hora.runner.args import parse_address, parse_args
 from hora.runner.env import worker_environment
+from hora.runner.fixed import FixedPlanner, WorkerSpec
 from hora.runner.hosts import (
     HostError,
     HostSlots,
@@ -23,7 +24,8 @@ from hora.runner.hosts import (
     parse_hostfile,
     parse_hosts,
 )
-from hora.runner.procs import Supervisor, WorkerSpec, describe_exit, exit_code_of
+from hora.runner.output import WorkerOutput
+from hora.runner.supervisor import Supervisor, describe_exit, exit_code_of
 from hora.settings import MiB, Settings
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
@@ -269,7 +271,8 @@ def test_supervisor_kills_workers_that_ignore_sigterm(tmp_path: Path) -> None:
     specs = [WorkerSpec(0, "localhost", [sys.executable, "-c", stubborn], {}),
              WorkerSpec(1, "localhost", [sys.executable, "-c", failing], {})]
     out, err = io.StringIO(), io.StringIO()
-    code = Supervisor(specs, grace_period=0.5, stdout=out, stderr=err).run()
+    code = Supervisor(FixedPlanner(specs), WorkerOutput(stdout=out, stderr=err),
+                      grace_period=0.5).run()
     assert code == 4
     assert "[0]<stdout>:ready\n" in out.getvalue()
     messages = err.getvalue()

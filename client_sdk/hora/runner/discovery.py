@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from .hosts import HostError, HostSlots, parse_discovery_output
-from .procs import describe_exit, signal_group
+from .supervisor import describe_exit, signal_group
 
 __all__ = [
     "DISCOVERY_INTERVAL",

@@ -4,8 +4,10 @@ is blacklisted and for how long, and when the job has failed or finished.
 Everything here is pure: :class:`ElasticPlanner` is told what happened
 (hosts discovered, a worker started or exited) and asked what to do next
 (:meth:`ElasticPlanner.tick`); it answers with :data:`Action` values and
-reads time only from the clock it was given. The supervisor in
-:mod:`.elastic_supervisor` carries the actions out.
+reads time only from the clock it was given. :mod:`.elastic_driver` carries
+the actions out on the :mod:`.supervisor`, whose :class:`.supervisor.Say`,
+:class:`.supervisor.StopWorker` and :class:`.supervisor.Finish` are among
+them.
 
 The rules:
 
@@ -43,7 +45,7 @@ The rules:
   them (1 when some were still running at the deadline). One exception: a
   worker known to have started after the job's last generation formed (a
   replacement or newcomer that never took part in the world that finished)
-  does not decide the exit code; the supervisor tells from the
+  does not decide the exit code; the driver tells from the
   coordinator's event log, and when it cannot tell, the failure counts.
 """
 
@@ -58,7 +60,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from .hosts import HostSlots
-from .procs import describe_exit, exit_code_of, plural
+from .supervisor import Finish, Say, StopWorker, describe_exit, exit_code_of, plural
 
 __all__ = [
     "Action",
@@ -116,33 +118,12 @@ class StartWorker:
 
 
 @dataclass(frozen=True)
-class StopWorker:
-    """Stop a worker (SIGTERM, then SIGKILL after the grace period)."""
-
-    worker_id: int
-
-
-@dataclass(frozen=True)
-class Say:
-    """Tell the user (``horarun: MESSAGE`` on stderr)."""
-
-    message: str
-
-
-@dataclass(frozen=True)
 class ReportEvent:
     """Record an event in the job's event log at the coordinator."""
 
     kind: str
     host: str
     message: str
-
-
-@dataclass(frozen=True)
-class Finish:
-    """Stop every remaining worker and exit with ``code``."""
-
-    code: int
 
 
 Action = StartWorker | StopWorker | Say | ReportEvent | Finish
@@ -367,7 +348,7 @@ class ElasticPlanner:
         """What to do now: cooldowns over, workers to start, timeouts.
 
         Call it after reporting the events since the last call, and often
-        (the supervisor does every 50 ms): deadlines are checked only here.
+        (the driver does every 50 ms): deadlines are checked only here.
         """
         if self._phase is _Phase.DONE:
             return []

@@ -5,10 +5,11 @@
 Steps: parse the command line (:mod:`.args`), place ranks on hosts
 (:mod:`.hosts`), embed a coordinator unless ``--coordinator`` names one,
 build each worker's environment (:mod:`.env`), then start and supervise the
-workers (:mod:`.procs`). Exit codes: 0 when all workers succeed, the first
-failing worker's code otherwise (128+N for signal N), 130/143 when
-``horarun`` is interrupted, 2 for usage errors, 1 when the embedded
-coordinator cannot start or a remote host does not answer over ssh.
+workers (:mod:`.supervisor`, as :mod:`.fixed` decides). Exit codes: 0 when
+all workers succeed, the first failing worker's code otherwise (128+N for
+signal N), 130/143 when ``horarun`` is interrupted, 2 for usage errors, 1
+when the embedded coordinator cannot start or a remote host does not answer
+over ssh.
 
 Hosts that are not this machine run their workers over ssh (:mod:`.remote`);
 such a job's coordinator and data planes listen on a routable address
@@ -16,8 +17,9 @@ instead of loopback (:func:`_network`).
 
 An elastic job (``--min-np``/``--max-np``/``--host-discovery-script``) takes
 its hosts from a discovery script (:mod:`.discovery`) or a fixed ``-H`` list,
-and is supervised by :mod:`.elastic_supervisor` following the decisions of
-:mod:`.elastic`; it exits 1 when it cannot keep ``--min-np`` workers.
+and is supervised by :mod:`.supervisor` following the decisions of
+:mod:`.elastic` (wired by :mod:`.elastic_driver`); it exits 1 when it cannot
+keep ``--min-np`` workers.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from .._shm import remove_leftovers
 from .args import ElasticConfig, LaunchConfig, parse_address, parse_args
 from .discovery import HostPoller, run_discovery_script
 from .elastic import ElasticPlanner, ElasticPolicy
-from .elastic_supervisor import ElasticSupervisor
+from .elastic_driver import ElasticDriver
 from .embedded import start_embedded_coordinator
 from .env import elastic_worker_environment, worker_environment
+from .fixed import FixedPlanner, WorkerSpec
 from .hosts import (
     HostError,
     HostSlots,
@@ -47,8 +50,9 @@ from .hosts import (
     parse_hostfile,
     parse_hosts,
 )
-from .procs import Supervisor, WorkerOutput, WorkerSpec
+from .output import WorkerOutput
 from .remote import RemoteShell, UnreachableHostError
+from .supervisor import Supervisor
 
 __all__ = ["horovodrun_main", "main", "resolve_hosts"]
 
@@ -270,9 +274,9 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
     reporter = EventReporter(coordinator, config.job_id, config.token, say=output.say)
     try:
         same_clock = is_local_host(parse_address(coordinator)[0])
-        return ElasticSupervisor(planner, poller, make_env, config.command, output=output,
-                                 reporter=reporter, verbose=config.verbose,
-                                 same_clock=same_clock).run()
+        return ElasticDriver(planner, poller, make_env, config.command, output=output,
+                             reporter=reporter, verbose=config.verbose,
+                             same_clock=same_clock).run()
     finally:
         # Before the embedded coordinator stops, so the last events land.
         reporter.close()
@@ -361,8 +365,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
         except _UsageError as exc:
             _err(f"error: {exc}")
             return USAGE_ERROR
-        return Supervisor(specs, prefix=config.prefix, output_dir=config.output_dir,
-                          remote=network.remote, timestamp=config.prefix_timestamp).run()
+        output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir,
+                              remote=network.remote, timestamp=config.prefix_timestamp)
+        return Supervisor(FixedPlanner(specs), output).run()
     except KeyboardInterrupt:
         # Ctrl-C before the workers (and our handlers) were in place.
         return 130
