@@ -8,7 +8,7 @@ dataclasses of :mod:`.state`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
@@ -128,7 +128,7 @@ async def get_metrics(registry: MetricsRegistryDep) -> Response:
     return Response(content=metrics.render(registry), media_type=metrics.CONTENT_TYPE)
 
 
-def _summary_fields(job: state.Job) -> dict[str, object]:
+def _summary_fields(job: state.Job) -> dict[str, Any]:
     return {
         "job_id": job.job_id,
         "state": job.phase.value,

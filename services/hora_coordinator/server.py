@@ -82,7 +82,7 @@ def create_grpc_server(coordinator: Coordinator, address: str) -> tuple[grpc.aio
     add_servicers(server, coordinator)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    server.health_servicer = health_servicer  # type: ignore[attr-defined]
+    server.health_servicer = health_servicer
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:
@@ -92,7 +92,7 @@ def create_grpc_server(coordinator: Coordinator, address: str) -> tuple[grpc.aio
 
 class _UvicornServer(uvicorn.Server):
     # The caller owns signals; uvicorn must neither catch nor re-raise them.
-    def capture_signals(self):  # type: ignore[override]
+    def capture_signals(self):
         return contextlib.nullcontext()
 
 
@@ -103,7 +103,7 @@ async def _set_health(server: grpc.aio.Server, serving: bool) -> None:
         else health_pb2.HealthCheckResponse.NOT_SERVING
     )
     for name in ("", *_SERVICE_NAMES):
-        await server.health_servicer.set(name, status)  # type: ignore[attr-defined]
+        await server.health_servicer.set(name, status)
 
 
 async def serve(
