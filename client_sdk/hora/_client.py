@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -47,6 +47,32 @@ log = logging.getLogger("hora.client")
 # One identity per process: an elastic worker that re-joins after a reset is
 # recognised by the coordinator as the same member, so it keeps its place.
 PROCESS_WORKER_ID = uuid.uuid4().hex
+
+
+class Stream(Protocol):
+    """A negotiation stream as the engine uses it."""
+
+    def send(self, request: negotiation_pb2.TensorRequest) -> None: ...
+
+    def __iter__(self) -> Iterator[negotiation_pb2.CoordinatorMessage]: ...
+
+    def close(self) -> None: ...
+
+
+class CoordinatorLink(Protocol):
+    """What the engine asks of a coordinator: :class:`CoordinatorClient` over gRPC,
+    or :class:`hora._solo.SoloClient` in a world of one."""
+
+    def heartbeat(self, generation: int) -> rendezvous_pb2.HeartbeatResponse: ...
+
+    def leave(self, reason: str = "shutdown", rejoin: bool = False) -> None: ...
+
+    def add_process_set(self, generation: int, process_set_id: int,
+                        ranks: list[int]) -> None: ...
+
+    def remove_process_set(self, generation: int, process_set_id: int) -> None: ...
+
+    def open_stream(self, generation: int) -> Stream: ...
 
 
 class StoreKeyError(KeyError):

@@ -12,11 +12,14 @@ import itertools
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any
+
+import torch.distributed as dist
 
 from hora_proto.v1 import rendezvous_pb2
 
 from ._client import CoordinatorClient
+from ._solo import SoloClient
+from ._store import CoordinatorStore
 from .engine import Engine
 from .errors import HoraError
 from .settings import Settings, configure_logging
@@ -34,42 +37,36 @@ class Runtime:
     """One joined world: its view, its engine, and the things it started."""
 
     def __init__(self, settings: Settings) -> None:
-        self._embedded: Any = None
-        if not settings.coordinator:
-            settings = self._start_local_coordinator(settings)
+        self.client: CoordinatorClient | SoloClient
+        store: dist.Store
+        if settings.coordinator:
+            self.client = CoordinatorClient(settings)
+            store = CoordinatorStore(self.client, settings.start_timeout)
+        else:
+            settings = self._solo_settings(settings)
+            self.client = SoloClient(settings)
+            store = dist.HashStore()
         self.settings = settings
-        self.client = CoordinatorClient(settings)
         try:
             self.client.wait_reachable()
             self.world: rendezvous_pb2.WorldView = self.client.join()
-            self.engine = Engine(settings, self.client, self.world)
+            self.engine = Engine(settings, self.client, self.world, store)
         except BaseException:
             self.client.close()
-            self._stop_local_coordinator()
             raise
         self._names: dict[tuple[str, int], Iterator[int]] = {}
         # Ranks add process sets in the same order, so the same counter gives the same ids.
         self.next_process_set_id = 1
 
-    def _start_local_coordinator(self, settings: Settings) -> Settings:
-        """A script started without horarun runs as a world of one, like Horovod's."""
+    @staticmethod
+    def _solo_settings(settings: Settings) -> Settings:
+        """A script started without horarun runs as a world of one, like Horovod's:
+        no coordinator, its collectives answered in process (see :mod:`._solo`)."""
         if settings.size != 1:
             raise HoraError(
                 f"HORA_SIZE={settings.size} but no coordinator address: start the workers "
                 f"with horarun, or set HORA_COORDINATOR=HOST:PORT")
-        import secrets
-
-        from .runner.embedded import start_embedded_coordinator
-
-        token = secrets.token_hex(16)
-        self._embedded = start_embedded_coordinator("127.0.0.1", token)
-        return Settings(**{**settings.__dict__, "coordinator": self._embedded.grpc_address,
-                           "token": token, "rank": 0})
-
-    def _stop_local_coordinator(self) -> None:
-        if self._embedded is not None:
-            self._embedded.stop()
-            self._embedded = None
+        return Settings(**{**settings.__dict__, "rank": 0})
 
     def host_update_epoch(self) -> tuple[int, bool]:
         """The newest host change the coordinator announced, and whether it only removed."""
@@ -93,7 +90,6 @@ class Runtime:
             self.engine.shutdown(rejoin=rejoin)
         finally:
             self.client.close()
-            self._stop_local_coordinator()
 
 
 _lock = threading.Lock()

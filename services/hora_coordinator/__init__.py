@@ -1,15 +1,15 @@
 """hora's coordinator: rendezvous, store and negotiation over gRPC, job state over HTTP.
 
 Run it as ``hora-coordinator`` (see :mod:`hora_coordinator.__main__`) or embed
-it with :class:`EmbeddedCoordinator`.
+it with :class:`EmbeddedCoordinator`. The names below load on first use, so
+that a world of one, which only runs the negotiation table
+(:mod:`.local`), does not import the servers.
 """
 
 from __future__ import annotations
 
-from .coordinator import Coordinator
-from .errors import CoordinatorError
-from .server import EmbeddedCoordinator, ServingInfo, serve
-from .settings import CoordinatorSettings
+import importlib
+from typing import Any
 
 __all__ = [
     "Coordinator",
@@ -19,3 +19,19 @@ __all__ = [
     "ServingInfo",
     "serve",
 ]
+
+_WHERE = {
+    "Coordinator": ".coordinator",
+    "CoordinatorError": ".errors",
+    "CoordinatorSettings": ".settings",
+    "EmbeddedCoordinator": ".server",
+    "ServingInfo": ".server",
+    "serve": ".server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

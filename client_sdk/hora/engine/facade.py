@@ -27,9 +27,8 @@ import torch.distributed as dist
 
 from hora_proto.v1 import rendezvous_pb2
 
-from .._client import CoordinatorClient
+from .._client import CoordinatorLink
 from .._shm import segment_prefix
-from .._store import CoordinatorStore
 from ..errors import HoraError, HorovodInternalError
 from ..settings import Settings
 from ..timeline import NULL_TIMELINE, NullTimeline, Timeline
@@ -50,10 +49,12 @@ class Engine:
         settings: the worker's settings.
         client: the coordinator client (the engine does not own it).
         world: this worker's world view for the generation.
+        store: where the data plane bootstraps (the coordinator's key-value
+            store); the engine keeps it alive.
     """
 
-    def __init__(self, settings: Settings, client: CoordinatorClient,
-                 world: rendezvous_pb2.WorldView) -> None:
+    def __init__(self, settings: Settings, client: CoordinatorLink,
+                 world: rendezvous_pb2.WorldView, store: dist.Store) -> None:
         self.settings = settings
         self.world = world
         self.rank = world.rank
@@ -62,8 +63,8 @@ class Engine:
         self._pending = Pending(world.rank)
         # The Python store object must outlive every C++ wrapper around it:
         # torch's trampoline finds its methods through this reference.
-        self._coordinator_store = CoordinatorStore(client, settings.start_timeout)
-        store = dist.PrefixStore(world.store_prefix, self._coordinator_store)
+        self._base_store = store
+        store = dist.PrefixStore(world.store_prefix, store)
         address = world.members[world.rank].data_plane_address or settings.data_plane_address
         self._sets = ProcessSets(world.rank, world.size, store, settings.collective_timeout,
                                  address, run_list=lambda batch: self._executor.run_list(batch))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from hora_proto.v1 import rendezvous_pb2
 
-from .._client import CoordinatorClient
+from .._client import CoordinatorLink
 from ..errors import CoordinatorError, HorovodInternalError
 from ..settings import Settings
 from .pending import Entry, Pending
@@ -34,7 +34,7 @@ StallCheck = Callable[[float], tuple[Sequence[Entry], Sequence[int]]]
 class Liveness:
     """The heartbeat thread of one generation."""
 
-    def __init__(self, settings: Settings, client: CoordinatorClient, generation: int,
+    def __init__(self, settings: Settings, client: CoordinatorLink, generation: int,
                  rank: int, pending: Pending, cached_stalls: StallCheck) -> None:
         self._settings = settings
         self._client = client

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from hora_proto.v1 import negotiation_pb2
 
-from .._client import CoordinatorClient
+from .._client import CoordinatorLink
 from ..errors import CoordinatorError, HorovodInternalError, RankLostError
 from ..settings import Settings
 from .executor import RESPONSE_OP, Executor
@@ -37,7 +37,7 @@ class Negotiator:
             agreement rounds run them).
     """
 
-    def __init__(self, settings: Settings, client: CoordinatorClient, generation: int,
+    def __init__(self, settings: Settings, client: CoordinatorLink, generation: int,
                  rank: int, pending: Pending, executor: Executor, sets: ProcessSets,
                  on_global_list: Callable[[ResponseList], None]) -> None:
         self._settings = settings

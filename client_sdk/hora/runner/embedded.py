@@ -1,15 +1,20 @@
 """The one door from the trainer library into the coordinator service.
 
-``horarun`` (and a script started without it, as a world of one) runs a
-coordinator in a thread of its own process. Nothing else in ``hora``
-imports ``hora_coordinator``; a test checks that this stays so.
+``horarun`` runs a coordinator in a thread of its own process; a script
+started without it is a world of one, whose collectives the coordinator's
+negotiation table answers in process, with no server. Nothing else in
+``hora`` imports ``hora_coordinator``; a test checks that this stays so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-__all__ = ["RunningCoordinator", "start_embedded_coordinator"]
+from hora_proto.v1 import negotiation_pb2
+
+__all__ = ["LocalNegotiation", "RunningCoordinator", "local_negotiation",
+           "start_embedded_coordinator"]
 
 
 class RunningCoordinator(Protocol):
@@ -41,3 +46,22 @@ def start_embedded_coordinator(host: str, token: str, http_port: int = 0
         host=host, grpc_port=0, http_port=http_port, token=token))
     coordinator.start()
     return coordinator
+
+
+class LocalNegotiation(Protocol):
+    """The coordinator's negotiation for a world of one (see :func:`local_negotiation`)."""
+
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None: ...
+
+    def remove_process_set(self, process_set_id: int
+                           ) -> list[negotiation_pb2.CoordinatorMessage]: ...
+
+    def submit(self, requests: Iterable[negotiation_pb2.TensorRequest]
+               ) -> list[negotiation_pb2.CoordinatorMessage]: ...
+
+
+def local_negotiation(fusion_threshold_bytes: int) -> LocalNegotiation:
+    """The negotiation table of a world of one, run in this process."""
+    from hora_coordinator.local import LocalNegotiation as _Local
+
+    return _Local(fusion_threshold_bytes)

@@ -1,0 +1,54 @@
+"""Negotiation for a world of one, inside the trainer's process.
+
+A script started without ``horarun`` is a world of one, as in Horovod. It
+needs no coordinator server, but its collectives must still be checked and
+answered exactly as the coordinator would: this runs the coordinator's own
+negotiation table for one rank, with no thread, socket or store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+
+from hora_proto.v1 import negotiation_pb2 as npb
+
+from .negotiation import NegotiationTable
+
+__all__ = ["LocalNegotiation"]
+
+
+class LocalNegotiation:
+    """The negotiation table of a world of one.
+
+    Args:
+        fusion_threshold_bytes: the largest fused allreduce in bytes.
+    """
+
+    def __init__(self, fusion_threshold_bytes: int) -> None:
+        self._table = NegotiationTable(1, fusion_threshold_bytes)
+
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None:
+        """Registers a set (InvalidRequestError when it is malformed)."""
+        self._table.add_process_set(process_set_id, ranks)
+
+    def remove_process_set(self, process_set_id: int) -> list[npb.CoordinatorMessage]:
+        """Removes a set; returns the errors of its pending tensors."""
+        failed = self._table.remove_process_set(process_set_id)
+        return _messages([failed[0]] if failed.get(0) else [])
+
+    def submit(self, requests: Iterable[npb.TensorRequest]) -> list[npb.CoordinatorMessage]:
+        """The messages the coordinator would send rank 0 for these requests, in order."""
+        outcome = self._table.submit(0, requests, time.monotonic())
+        lists: list[list[npb.Response]] = []
+        if outcome.direct:
+            lists.append(list(outcome.direct))
+        lists.extend(list(response_list.responses) for _set, response_list in outcome.broadcasts)
+        if outcome.targeted.get(0):
+            lists.append(outcome.targeted[0])
+        return _messages(lists)
+
+
+def _messages(lists: list[list[npb.Response]]) -> list[npb.CoordinatorMessage]:
+    return [npb.CoordinatorMessage(responses=npb.ResponseList(responses=responses))
+            for responses in lists]

@@ -1,0 +1,80 @@
+"""A script started without horarun is a world of one, with no coordinator.
+
+The same checks as in a larger world run in process: an invalid call fails
+alone and the next call works; process sets, join and a training step
+behave as in Horovod. No coordinator server is imported, let alone started.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    import hora.torch as hvd
+
+    hvd.init()
+    assert (hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size()) == (1, 0, 1, 1)
+    x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    assert torch.equal(hvd.allreduce(x, op=hvd.Sum), x)
+    assert torch.equal(hvd.allreduce(x, op=hvd.Average, prescale_factor=2.0), 2 * x)
+    for _ in range(3):  # cached after the first step
+        assert torch.equal(hvd.allreduce(x, name="grad.w", op=hvd.Sum), x)
+    assert torch.equal(hvd.allgather(x), x)
+    assert torch.equal(hvd.broadcast(x, root_rank=0), x)
+    out, received = hvd.alltoall(x, splits=torch.tensor([3]))
+    assert torch.equal(out, x) and received.tolist() == [3]
+    assert torch.equal(hvd.reducescatter(x, op=hvd.Sum), x)
+    assert [t.tolist() for t in hvd.grouped_allreduce([x, x + 1], op=hvd.Sum)] == \\
+        [x.tolist(), (x + 1).tolist()]
+    assert hvd.allreduce(torch.tensor([7], dtype=torch.int16), op=hvd.Sum).item() == 7
+    try:
+        hvd.broadcast(x, root_rank=3)
+    except ValueError as exc:
+        assert "root_rank 3" in str(exc), exc
+    else:
+        raise AssertionError("a root rank outside the world was accepted")
+    assert torch.equal(hvd.broadcast(x, root_rank=0), x)  # the next call works
+    ps = hvd.add_process_set([0])
+    assert torch.equal(hvd.allreduce(x, op=hvd.Sum, process_set=ps), x)
+    assert hvd.remove_process_set(ps)
+    assert hvd.join() == 0
+    hvd.barrier()
+
+    model = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = model.weight.detach().clone()
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+    assert not torch.equal(before, model.weight)
+
+    servers = sorted(m for m in sys.modules
+                     if m.startswith("hora_coordinator.") and m.rsplit(".", 1)[1]
+                     in ("server", "servicer", "http", "coordinator"))
+    assert servers == [], servers
+    hvd.shutdown()
+    hvd.init()  # and again, as after an elastic reset
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == 1.0
+    hvd.shutdown()
+    print("world of one: ok")
+""")
+
+
+def test_a_script_without_horarun_runs_as_a_world_of_one_without_a_coordinator(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HORA_", "HOROVOD_"))}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "world of one: ok" in done.stdout
