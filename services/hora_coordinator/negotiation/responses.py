@@ -1,0 +1,253 @@
+"""Answers: turning tensors ready on every rank into responses, fused where allowed.
+
+One :class:`ResponseBuilder` per process set collects the set's responses in
+the order the tensors became ready. Consecutive allreduces that share a fusion
+key go out as one response up to the fusion threshold; a grouped allreduce
+always goes out whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hora_proto.tensors import fusion_key
+from hora_proto.v1 import negotiation_pb2 as pb
+
+from .pending import PendingTensor, SetMembers, request_nbytes
+from .validation import alltoall_splits, format_ranks, invalid_calls, op_name, validate
+
+__all__ = [
+    "Ready",
+    "ReadyError",
+    "ReadyGroup",
+    "ReadyJoin",
+    "ReadyTensor",
+    "ResponseBuilder",
+    "error_response",
+    "fusion_key_of",
+    "respond_group",
+    "respond_tensor",
+]
+
+
+# Items in the ready list, in the order they became ready.
+@dataclass(frozen=True)
+class ReadyTensor:
+    tensor: PendingTensor
+
+
+@dataclass(frozen=True)
+class ReadyGroup:
+    process_set: SetMembers
+    tensors: tuple[PendingTensor, ...]
+
+
+@dataclass(frozen=True)
+class ReadyError:
+    process_set: SetMembers
+    names: tuple[str, ...]
+    message: str
+
+
+@dataclass(frozen=True)
+class ReadyJoin:
+    process_set: SetMembers  # always set 0
+    last_joined_rank: int
+
+
+Ready = ReadyTensor | ReadyGroup | ReadyError | ReadyJoin
+
+
+def error_response(
+    names: Iterable[str], process_set_id: int, message: str, kind: int = pb.ERROR_KIND_MISMATCH
+) -> pb.Response:
+    """An error response for ``names`` of one process set."""
+    return pb.Response(
+        type=pb.RESPONSE_TYPE_ERROR,
+        tensor_names=list(names),
+        process_set_id=process_set_id,
+        error_message=message,
+        error_kind=kind,
+    )
+
+
+def fusion_key_of(req: pb.TensorRequest, process_set_id: int) -> tuple[object, ...]:
+    """Allreduces whose requests have equal keys may share one fused response."""
+    return fusion_key(req.dtype, req.device, req.reduce_op, req.prescale_factor,
+                      req.postscale_factor, process_set_id)
+
+
+class ResponseBuilder:
+    """Builds one process set's response list, fusing consecutive allreduces.
+
+    For each allreduce it keeps the request of a rank that submitted it (the
+    *donor*); a response that covers a tensor some joined rank never submitted
+    gets every name's donor as ``join_fill``, in name order.
+    """
+
+    def __init__(self, process_set: SetMembers, threshold: int) -> None:
+        self.process_set = process_set
+        self.responses: list[pb.Response] = []
+        self.targeted: dict[int, list[pb.Response]] = {}
+        self.negotiated = 0
+        self.errors = 0
+        self._threshold = threshold
+        self._open: pb.Response | None = None
+        self._open_key: tuple[object, ...] | None = None
+        self._open_bytes = 0
+        self._open_donors: list[pb.TensorRequest] = []
+        self._open_fill = False
+
+    def _close(self) -> None:
+        if self._open is not None and self._open_fill:
+            self._open.join_fill.extend(self._open_donors)
+        self._open = None
+        self._open_fill = False
+
+    def finish(self) -> list[pb.Response]:
+        """The response list; the builder takes no more after this."""
+        self._close()
+        return self.responses
+
+    def error(
+        self, names: Iterable[str], message: str, kind: int = pb.ERROR_KIND_MISMATCH
+    ) -> None:
+        self._close()
+        self.errors += 1
+        self.responses.append(error_response(names, self.process_set.id, message, kind))
+
+    def error_to(self, ranks: Iterable[int], names: Iterable[str], message: str) -> None:
+        """An error for ``ranks`` only; it does not enter the set's response list."""
+        self.errors += 1
+        response = error_response(names, self.process_set.id, message)
+        for rank in ranks:
+            self.targeted.setdefault(rank, []).append(response)
+
+    def whole(self, response: pb.Response) -> None:
+        self._close()
+        self.negotiated += len(response.tensor_names)
+        self.responses.append(response)
+
+    def join(self, last_joined_rank: int) -> None:
+        self._close()
+        self.negotiated += 1
+        self.responses.append(
+            pb.Response(
+                type=pb.RESPONSE_TYPE_JOIN,
+                process_set_id=self.process_set.id,
+                last_joined_rank=last_joined_rank,
+            )
+        )
+
+    def allreduce(
+        self,
+        name: str,
+        key: tuple[object, ...],
+        nbytes: int,
+        donor: pb.TensorRequest,
+        fill: bool,
+    ) -> None:
+        self.negotiated += 1
+        if (
+            self._open is not None
+            and key == self._open_key
+            and self._open_bytes + nbytes <= self._threshold
+        ):
+            self._open.tensor_names.append(name)
+            self._open_bytes += nbytes
+            self._open_donors.append(donor)
+            self._open_fill = self._open_fill or fill
+            return
+        self._close()
+        response = pb.Response(
+            type=pb.RESPONSE_TYPE_ALLREDUCE, tensor_names=[name], process_set_id=self.process_set.id
+        )
+        self.responses.append(response)
+        # A tensor at or over the threshold goes alone; threshold 0 never fuses.
+        if nbytes < self._threshold:
+            self._open, self._open_key, self._open_bytes = response, key, nbytes
+            self._open_donors = [donor]
+            self._open_fill = fill
+        elif fill:
+            response.join_fill.append(donor)
+
+
+def respond_group(item: ReadyGroup, builder: ResponseBuilder) -> None:
+    """Answers a grouped allreduce whole: one response, or one error naming every tensor."""
+    names = [t.name for t in item.tensors]
+    for tensor in item.tensors:
+        invalid = invalid_calls(tensor)
+        if invalid is not None:
+            builder.error(names, invalid, pb.ERROR_KIND_INVALID)
+            return
+    for tensor in item.tensors:
+        problem = validate(tensor)
+        if problem is not None:
+            builder.error(names, problem)
+            return
+    firsts = [t.first_request() for t in item.tensors]
+    keys = {fusion_key_of(req, item.process_set.id) for req in firsts}
+    if len(keys) > 1 or any(req.op_type != pb.OP_TYPE_ALLREDUCE for req in firsts):
+        quoted = ", ".join(f"'{n}'" for n in names)
+        builder.error(
+            names,
+            f"grouped allreduce of {quoted}: the tensors of a group must "
+            "all be allreduces with the same dtype, device, reduce_op and "
+            "scale factors",
+        )
+        return
+    response = pb.Response(
+        type=pb.RESPONSE_TYPE_ALLREDUCE,
+        tensor_names=names,
+        process_set_id=item.process_set.id,
+    )
+    set_size = len(item.process_set.ranks)
+    if any(len(t.submissions) < set_size for t in item.tensors):
+        response.join_fill.extend(firsts)
+    builder.whole(response)
+
+
+def respond_tensor(tensor: PendingTensor, builder: ResponseBuilder) -> None:
+    """Answers one ready tensor: its collective, or the error its requests call for."""
+    invalid = invalid_calls(tensor)
+    if invalid is not None:
+        builder.error([tensor.name], invalid, pb.ERROR_KIND_INVALID)
+        return
+    problem = validate(tensor)
+    if problem is not None:
+        builder.error([tensor.name], problem)
+        return
+    pset = tensor.process_set
+    first = tensor.first_request()
+    op = first.op_type
+    # Fewer submissions than ranks: the tensor became ready because the rest joined.
+    partial = len(tensor.submissions) < len(pset.ranks)
+    if op == pb.OP_TYPE_ALLREDUCE:
+        builder.allreduce(
+            tensor.name, fusion_key_of(first, pset.id), request_nbytes(first), first, partial
+        )
+        return
+    if partial:
+        joined = format_ranks(tensor.missing_ranks())
+        builder.error_to(
+            tensor.submitters(),
+            [tensor.name],
+            f"tensor '{tensor.name}' ({op_name(op)}) cannot run while rank(s) {joined} "
+            "have joined: hvd.join() supports allreduce only",
+        )
+        return
+    response = pb.Response(type=op, tensor_names=[tensor.name], process_set_id=pset.id)
+    if op == pb.OP_TYPE_ALLGATHER:
+        # By position in the set: entry i is the set's i-th rank (ascending global rank).
+        response.first_dims.extend(
+            tensor.submissions[r].shape[0] if tensor.submissions[r].shape else 1
+            for r in pset.ranks
+        )
+    elif op == pb.OP_TYPE_ALLTOALL:
+        splits = alltoall_splits(tensor)
+        if isinstance(splits, str):
+            builder.error([tensor.name], splits)
+            return
+        response.splits.extend(splits)
+    builder.whole(response)
