@@ -315,7 +315,7 @@ def test_events_tell_the_story_with_timestamps_and_members():
     state.stream_closed(job, "w1", 1, 1.25)
     rejoin(job, "w0", 2.0)
     state.report_event(job, "blacklist", "h9", "too many failures", 3.0)
-    events = state.events_pb(job)
+    events = state.event_log(job)
     assert [e.kind for e in events] == [
         "join",
         "join",

@@ -7,9 +7,10 @@ never the whole table.
 
 A tensor is keyed by ``(process_set_id, name)``. It is *ready* when every rank
 of its process set has submitted it; it is then validated across ranks and
-turned into a ``hora.v1.Response``. Ready allreduces
-that share a fusion key are fused up to the job's fusion threshold; the
-tensors of a grouped allreduce always go out together in one response.
+turned into a :class:`~hora_coordinator.messages.Response` (a plain dataclass;
+:mod:`hora_coordinator.wire` encodes it). Ready allreduces that share a fusion
+key are fused up to the job's fusion threshold; the tensors of a grouped
+allreduce always go out together in one response.
 
 Process sets other than 0 are registered by :meth:`NegotiationTable.add_process_set`;
 a set's collectives order its ranks by the ascending ``ranks`` list (first_dims,

@@ -6,12 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hora_proto.tensors import tensor_nbytes
-from hora_proto.v1 import negotiation_pb2 as pb
+
+from ..messages import TensorRequest
 
 __all__ = ["PendingTensor", "SetMembers", "request_nbytes"]
 
 
-def request_nbytes(request: pb.TensorRequest) -> int:
+def request_nbytes(request: TensorRequest) -> int:
     """Size in bytes of the tensor a request describes."""
     return tensor_nbytes(request.dtype, request.shape)
 
@@ -43,14 +44,14 @@ class PendingTensor:
     process_set: SetMembers
     name: str
     first_seen: float
-    submissions: dict[int, pb.TensorRequest] = field(default_factory=dict)
+    submissions: dict[int, TensorRequest] = field(default_factory=dict)
     last_warned: float | None = None
 
     def missing_ranks(self) -> list[int]:
         """Ranks of the set that have not submitted yet, ascending."""
         return [r for r in self.process_set.ranks if r not in self.submissions]
 
-    def first_request(self) -> pb.TensorRequest:
+    def first_request(self) -> TensorRequest:
         """The request of the lowest rank of the set that submitted it."""
         subs = self.submissions
         for rank in self.process_set.ranks:

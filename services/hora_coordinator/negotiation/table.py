@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from hora_proto.v1 import negotiation_pb2 as pb
-
 from ..errors import InvalidRequestError
+from ..messages import ErrorKind, OpType, Response, ResponseList, TensorRequest
 from .pending import PendingTensor, SetMembers
 from .responses import (
     Ready,
@@ -43,9 +42,9 @@ class Outcome:
         errors: Error responses produced.
     """
 
-    broadcasts: list[tuple[SetMembers, pb.ResponseList]] = field(default_factory=list)
-    direct: list[pb.Response] = field(default_factory=list)
-    targeted: dict[int, list[pb.Response]] = field(default_factory=dict)
+    broadcasts: list[tuple[SetMembers, ResponseList]] = field(default_factory=list)
+    direct: list[Response] = field(default_factory=list)
+    targeted: dict[int, list[Response]] = field(default_factory=dict)
     negotiated: int = 0
     errors: int = 0
 
@@ -70,7 +69,7 @@ class NegotiationTable:
         self.pending: dict[tuple[int, str], PendingTensor] = {}
         self.fusion_threshold_bytes = fusion_threshold_bytes
         # Rank -> its pending join request, in join order; empty outside hvd.join().
-        self.joined: dict[int, pb.TensorRequest] = {}
+        self.joined: dict[int, TensorRequest] = {}
         self.last_joined_rank = -1
         self._groups: dict[tuple[int, int], _Group] = {}
         # Process set id -> why its tensors can no longer complete (a rank left).
@@ -128,7 +127,7 @@ class NegotiationTable:
                 break
         return True
 
-    def remove_process_set(self, process_set_id: int) -> dict[int, list[pb.Response]]:
+    def remove_process_set(self, process_set_id: int) -> dict[int, list[Response]]:
         """Removes a set (idempotent); its pending tensors fail.
 
         Costs O(pending tensors); removal is rare.
@@ -147,7 +146,7 @@ class NegotiationTable:
             return {}
         self._removed[process_set_id] = pset.ranks
         self._broken_sets.pop(process_set_id, None)
-        out: dict[int, list[pb.Response]] = {}
+        out: dict[int, list[Response]] = {}
 
         def fail(tensor: PendingTensor, recipients: Iterable[int]) -> None:
             response = error_response(
@@ -168,12 +167,12 @@ class NegotiationTable:
 
     # ---- submissions ---------------------------------------------------------------
 
-    def submit(self, rank: int, requests: Iterable[pb.TensorRequest], now: float) -> Outcome:
+    def submit(self, rank: int, requests: Iterable[TensorRequest], now: float) -> Outcome:
         """Records one message's requests from ``rank`` and answers what became ready."""
         ready: list[Ready] = []
         outcome = Outcome()
         for req in requests:
-            if req.op_type == pb.OP_TYPE_JOIN:
+            if req.op_type == OpType.JOIN:
                 self._join(rank, req, ready, outcome)
                 continue
             pset = self.process_sets.get(req.process_set_id)
@@ -205,7 +204,7 @@ class NegotiationTable:
                             [req.name],
                             pset.id,
                             f"tensor '{req.name}' cannot complete: {broken}",
-                            pb.ERROR_KIND_RANK_GONE,
+                            ErrorKind.RANK_GONE,
                         )
                     )
                     continue
@@ -246,7 +245,7 @@ class NegotiationTable:
         return waiting == sum(1 for r in self.joined if r in members and r not in subs)
 
     def _join(
-        self, rank: int, req: pb.TensorRequest, ready: list[Ready], outcome: Outcome
+        self, rank: int, req: TensorRequest, ready: list[Ready], outcome: Outcome
     ) -> None:
         """``rank`` joined: mark it, answer what it was the last one missing from.
 
@@ -269,7 +268,7 @@ class NegotiationTable:
                     [req.name],
                     0,
                     f"tensor '{req.name}' (join) cannot complete: {broken}",
-                    pb.ERROR_KIND_RANK_GONE,
+                    ErrorKind.RANK_GONE,
                 )
             )
             return
@@ -332,7 +331,7 @@ class NegotiationTable:
             responses = builder.finish()
             if responses:
                 outcome.broadcasts.append(
-                    (builder.process_set, pb.ResponseList(responses=responses))
+                    (builder.process_set, ResponseList(tuple(responses)))
                 )
             for rank, targeted in builder.targeted.items():
                 outcome.targeted.setdefault(rank, []).extend(targeted)
@@ -341,7 +340,7 @@ class NegotiationTable:
 
     # ---- departures ----------------------------------------------------------------
 
-    def depart(self, rank: int, reason: str) -> dict[int, list[pb.Response]]:
+    def depart(self, rank: int, reason: str) -> dict[int, list[Response]]:
         """A rank left for good: fail what waits on it and what will need it.
 
         Every pending tensor of a set containing ``rank`` that ``rank`` has not
@@ -354,7 +353,7 @@ class NegotiationTable:
         Returns:
             Error responses to send, by recipient rank.
         """
-        out: dict[int, list[pb.Response]] = {}
+        out: dict[int, list[Response]] = {}
         broken_groups: set[tuple[int, int]] = set()
         self._departed.setdefault(rank, reason)
         for pset in self.process_sets.values():
@@ -368,7 +367,7 @@ class NegotiationTable:
                 [tensor.name],
                 tensor.process_set.id,
                 f"tensor '{tensor.name}' cannot complete: {reason}",
-                pb.ERROR_KIND_RANK_GONE,
+                ErrorKind.RANK_GONE,
             )
             for submitter in tensor.submissions:
                 out.setdefault(submitter, []).append(response)
@@ -385,7 +384,7 @@ class NegotiationTable:
                     [tensor.name],
                     tensor.process_set.id,
                     f"tensor '{tensor.name}' cannot complete: {reason}",
-                    pb.ERROR_KIND_RANK_GONE,
+                    ErrorKind.RANK_GONE,
                 )
                 for member in tensor.process_set.ranks:
                     if member != rank:
@@ -398,7 +397,7 @@ class NegotiationTable:
                         [req.name],
                         0,
                         f"tensor '{req.name}' (join) cannot complete: {reason}",
-                        pb.ERROR_KIND_RANK_GONE,
+                        ErrorKind.RANK_GONE,
                     )
                 )
         self.joined.clear()

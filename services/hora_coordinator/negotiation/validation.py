@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hora_proto.v1 import negotiation_pb2 as pb
-
+from ..messages import OpType, ReduceOp
 from .pending import PendingTensor
 
 __all__ = [
@@ -23,10 +22,10 @@ __all__ = [
 ]
 
 # Ops whose shapes must agree exactly, and ops where only the first dimension may differ.
-_SAME_SHAPE = frozenset({pb.OP_TYPE_ALLREDUCE, pb.OP_TYPE_BROADCAST, pb.OP_TYPE_REDUCESCATTER})
-_RAGGED_FIRST_DIM = frozenset({pb.OP_TYPE_ALLGATHER, pb.OP_TYPE_ALLTOALL})
+_SAME_SHAPE = frozenset({OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER})
+_RAGGED_FIRST_DIM = frozenset({OpType.ALLGATHER, OpType.ALLTOALL})
 # OpType and ResponseType share numbers for the six collectives.
-_KNOWN_OPS = frozenset(range(pb.OP_TYPE_ALLREDUCE, pb.OP_TYPE_BARRIER + 1))
+_KNOWN_OPS = frozenset(range(OpType.ALLREDUCE, OpType.BARRIER + 1))
 
 # Fields every rank must agree on, for every op.
 _AGREED_FIELDS = (
@@ -61,9 +60,9 @@ def format_ranks(ranks: Sequence[int]) -> str:
 
 def format_value(field_name: str, value: object) -> str:
     if field_name == "op_type":
-        return pb.OpType.Name(value).removeprefix("OP_TYPE_")  # type: ignore[arg-type]
+        return OpType(value).name  # type: ignore[arg-type]
     if field_name == "reduce_op":
-        return pb.ReduceOp.Name(value).removeprefix("REDUCE_OP_")  # type: ignore[arg-type]
+        return ReduceOp(value).name  # type: ignore[arg-type]
     if isinstance(value, tuple):
         return "[" + ", ".join(str(v) for v in value) + "]"
     if value == "":
@@ -84,7 +83,7 @@ def mismatch_message(name: str, what: str, values: dict[int, str]) -> str:
 
 
 def op_name(op: int) -> str:
-    return pb.OpType.Name(op).removeprefix("OP_TYPE_").lower()  # type: ignore[arg-type]
+    return OpType(op).name.lower()
 
 
 def invalid_calls(tensor: PendingTensor) -> str | None:

@@ -3,7 +3,7 @@
 Every operation on a job is a function here that takes the job, the request
 and the current time, updates the job's dataclasses and returns a list of
 *effects* (answer this joiner, send this message to these members, log this
-line). Nothing in this module does I/O, sleeps or reads a clock; the
+line). Nothing in this package does I/O, sleeps or reads a clock; the
 :class:`~hora_coordinator.coordinator.Coordinator` applies the effects. That
 keeps every rule testable with a fake clock and no servers.
 
@@ -63,7 +63,15 @@ from .job import (
 from .liveness import check, heartbeat
 from .rendezvous import cancel_join, join
 from .streams import add_process_set, handle_requests, open_stream, remove_process_set
-from .views import events_pb, get_world, report_event, world_view
+from .views import (
+    HeartbeatReply,
+    WorldMember,
+    WorldView,
+    event_log,
+    get_world,
+    report_event,
+    world_view,
+)
 
 __all__ = [
     "DEFAULT_ELASTIC_TIMEOUT_S",
@@ -71,6 +79,7 @@ __all__ = [
     "Admit",
     "Effect",
     "ElasticBounds",
+    "HeartbeatReply",
     "Job",
     "JobConfig",
     "JobEvent",
@@ -84,12 +93,14 @@ __all__ = [
     "Reject",
     "Round",
     "Send",
+    "WorldMember",
+    "WorldView",
     "add_process_set",
     "cancel_join",
     "check",
     "decide_after_loss",
     "elastic_order",
-    "events_pb",
+    "event_log",
     "get_world",
     "handle_requests",
     "heartbeat",

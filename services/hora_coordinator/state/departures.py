@@ -5,9 +5,8 @@ from __future__ import annotations
 import enum
 import logging
 
-from hora_proto.v1 import negotiation_pb2 as npb
-
 from ..errors import PreconditionError
+from ..messages import EventType
 from .effects import Effect, Log, Reject, Send, event_message, send_by_rank
 from .elastic import end_generation
 from .generations import fail_job, maybe_form
@@ -78,7 +77,7 @@ def leave(job: Job, worker_id: str, reason: str, now: float, rejoin: bool = Fals
     others = job.active_worker_ids()
     if others:
         effects.append(
-            Send(others, event_message(job, npb.EVENT_TYPE_MEMBER_LEFT, now, member, member.cause))
+            Send(others, event_message(job, EventType.MEMBER_LEFT, now, member, member.cause))
         )
     if rejoin:
         effects.extend(end_generation(job, now, f"{member.describe()} left to re-join"))
@@ -162,7 +161,7 @@ def lose(job: Job, member: Member, cause: str, now: float) -> list[Effect]:
     ]
     others = job.active_worker_ids()
     if others:
-        effects.append(Send(others, event_message(job, npb.EVENT_TYPE_MEMBER_LOST, now, member, cause)))
+        effects.append(Send(others, event_message(job, EventType.MEMBER_LOST, now, member, cause)))
     if decision is LossDecision.NEW_GENERATION:
         effects.extend(end_generation(job, now, failure))
     else:

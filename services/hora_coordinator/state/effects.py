@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hora_proto.v1 import negotiation_pb2 as npb
-from hora_proto.v1 import rendezvous_pb2 as rpb
-
 from ..errors import CoordinatorError
+from ..messages import CoordinatorMessage, Event, EventType, Response, ResponseList
 from .job import Job, Member, MemberState
+from .views import WorldView
 
 __all__ = [
     "Admit",
@@ -18,6 +17,7 @@ __all__ = [
     "Reject",
     "Send",
     "event_message",
+    "responses_message",
     "send_by_rank",
 ]
 
@@ -35,7 +35,7 @@ class Admit:
     """Answer this worker's pending Join with its world view."""
 
     worker_id: str
-    view: rpb.WorldView
+    view: WorldView
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Send:
     """Queue one message on the negotiation stream of each of these workers."""
 
     worker_ids: tuple[str, ...]
-    message: npb.CoordinatorMessage
+    message: CoordinatorMessage
 
 
 @dataclass(frozen=True)
@@ -66,27 +66,42 @@ Effect = NewGeneration | Admit | Reject | Send | Log
 
 
 def event_message(
-    job: Job, kind: int, now: float, member: Member | None, message: str
-) -> npb.CoordinatorMessage:
-    event = npb.Event(
-        type=kind, generation=job.generation, rank=-1, message=message, unix_ms=int(now * 1000)
+    job: Job,
+    kind: EventType,
+    now: float,
+    member: Member | None,
+    message: str,
+    tensor_names: tuple[str, ...] = (),
+    missing_ranks: tuple[int, ...] = (),
+) -> CoordinatorMessage:
+    """An event of the current generation, about ``member`` if one is given."""
+    rank, host, pid = (member.rank, member.host, member.pid) if member is not None else (-1, "", 0)
+    return CoordinatorMessage(
+        event=Event(
+            type=kind,
+            generation=job.generation,
+            rank=rank,
+            host=host,
+            pid=pid,
+            message=message,
+            tensor_names=tensor_names,
+            missing_ranks=missing_ranks,
+            unix_ms=int(now * 1000),
+        )
     )
-    if member is not None:
-        event.rank, event.host, event.pid = member.rank, member.host, member.pid
-    return npb.CoordinatorMessage(event=event)
 
 
-def send_by_rank(job: Job, responses_by_rank: dict[int, list[npb.Response]]) -> list[Effect]:
+def responses_message(responses: list[Response]) -> CoordinatorMessage:
+    """A response list, in this order, as one stream message."""
+    return CoordinatorMessage(responses=ResponseList(tuple(responses)))
+
+
+def send_by_rank(job: Job, responses_by_rank: dict[int, list[Response]]) -> list[Effect]:
     """One Send per ACTIVE recipient rank; counts the responses as errors."""
     effects: list[Effect] = []
     for rank, responses in responses_by_rank.items():
         recipient = job.members[rank]
         if recipient.state is MemberState.ACTIVE:
             job.errors += len(responses)
-            effects.append(
-                Send(
-                    (recipient.worker_id,),
-                    npb.CoordinatorMessage(responses=npb.ResponseList(responses=responses)),
-                )
-            )
+            effects.append(Send((recipient.worker_id,), responses_message(responses)))
     return effects

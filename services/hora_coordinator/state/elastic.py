@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from hora_proto.v1 import rendezvous_pb2 as rpb
-
 from ..errors import InvalidRequestError
+from ..messages import JoinRequest
 from .effects import Effect, Log
 from .generations import fail_job, maybe_form
 from .job import (
@@ -30,7 +29,7 @@ __all__ = [
 ]
 
 
-def elastic_bounds_of(job: Job, request: rpb.JoinRequest) -> ElasticBounds | None:
+def elastic_bounds_of(job: Job, request: JoinRequest) -> ElasticBounds | None:
     """The elastic bounds the request asks for, checked against the job's.
 
     Raises:
@@ -62,7 +61,7 @@ def elastic_bounds_of(job: Job, request: rpb.JoinRequest) -> ElasticBounds | Non
 
 
 def join_elastic(
-    job: Job, elastic: ElasticBounds, request: rpb.JoinRequest, now: float
+    job: Job, elastic: ElasticBounds, request: JoinRequest, now: float
 ) -> list[Effect]:
     """Join of an elastic job: rank hints only order newcomers; rounds are never full."""
     worker_id = request.worker_id

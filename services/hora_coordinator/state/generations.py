@@ -6,13 +6,13 @@ import dataclasses
 import logging
 
 from hora_proto.placement import place
-from hora_proto.v1 import negotiation_pb2 as npb
 
 from ..errors import JobFailedError
+from ..messages import EventType
 from ..negotiation import NegotiationTable
 from .effects import Admit, Effect, Log, NewGeneration, Reject, Send, event_message
 from .job import Job, JobPhase, Joiner, Member, Round, record
-from .views import view_template, world_view
+from .views import world_members, world_view
 
 __all__ = [
     "elastic_order",
@@ -120,8 +120,8 @@ def form_generation(job: Job, rnd: Round, now: float) -> list[Effect]:
         NewGeneration(job.generation, tuple(m.worker_id for m in job.members)),
         Log(logging.INFO, f"job '{job.job_id}': {text}"),
     ]
-    template = view_template(job)
-    effects.extend(Admit(m.worker_id, world_view(job, m, template)) for m in job.members)
+    members = world_members(job)
+    effects.extend(Admit(m.worker_id, world_view(job, m, members)) for m in job.members)
     return effects
 
 
@@ -138,7 +138,7 @@ def fail_job(job: Job, failure: str, now: float) -> list[Effect]:
                 others,
                 event_message(
                     job,
-                    npb.EVENT_TYPE_JOB_FAILED,
+                    EventType.JOB_FAILED,
                     now,
                     None,
                     f"job '{job.job_id}' failed: {failure}",

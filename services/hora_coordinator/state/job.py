@@ -6,8 +6,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from hora_proto.v1 import rendezvous_pb2 as rpb
-
+from ..messages import JoinRequest
 from ..negotiation import NegotiationTable
 
 __all__ = [
@@ -224,7 +223,7 @@ def record(
     job.events.append(JobEvent(int(now * 1000), kind, job.generation, rank, host, pid, message))
 
 
-def round_config(request: rpb.JoinRequest, size: int) -> JobConfig:
+def round_config(request: JoinRequest, size: int) -> JobConfig:
     return JobConfig(
         size=size,
         fusion_threshold_bytes=max(0, request.fusion_threshold_bytes),
@@ -233,7 +232,7 @@ def round_config(request: rpb.JoinRequest, size: int) -> JobConfig:
     )
 
 
-def new_joiner(job: Job, request: rpb.JoinRequest, now: float) -> Joiner:
+def new_joiner(job: Job, request: JoinRequest, now: float) -> Joiner:
     job.arrivals += 1
     return Joiner(
         worker_id=request.worker_id,

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from hora_proto.v1 import negotiation_pb2 as npb
-from hora_proto.v1 import rendezvous_pb2 as rpb
-
+from ..messages import EventType
 from ..negotiation import format_ranks
 from .departures import lose
 from .effects import Effect, Log, Send, event_message
 from .elastic import check_round
 from .generations import fail_job
 from .job import Job, JobPhase, MemberState
-from .views import JOB_STATE_PB
+from .views import JOB_STATE, HeartbeatReply
 
 __all__ = [
     "check",
@@ -21,7 +19,7 @@ __all__ = [
 ]
 
 
-def heartbeat(job: Job, worker_id: str, now: float, lease_s: float) -> rpb.HeartbeatResponse:
+def heartbeat(job: Job, worker_id: str, now: float, lease_s: float) -> HeartbeatReply:
     """Renews a member's lease and reports the job's generation and state.
 
     Renews ACTIVE members, and members of an ended elastic generation that the
@@ -33,9 +31,9 @@ def heartbeat(job: Job, worker_id: str, now: float, lease_s: float) -> rpb.Heart
         or (job.round is not None and worker_id in job.round.expected)
     ):
         member.last_heartbeat = now
-    return rpb.HeartbeatResponse(
+    return HeartbeatReply(
         generation=job.generation,
-        job_state=JOB_STATE_PB[job.phase],
+        job_state=JOB_STATE[job.phase],
         lease_ms=int(lease_s * 1000),
         failure=job.failure,
         host_update_epoch=job.host_update_epoch,
@@ -86,9 +84,15 @@ def check(job: Job, now: float, lease_s: float) -> list[Effect]:
         effects.append(
             Log(logging.WARNING, f"job '{job.job_id}' generation {job.generation}: {text}")
         )
-        message = event_message(job, npb.EVENT_TYPE_STALL_WARNING, now, None, text)
-        message.event.tensor_names.append(tensor.name)
-        message.event.missing_ranks.extend(missing_ranks)
+        message = event_message(
+            job,
+            EventType.STALL_WARNING,
+            now,
+            None,
+            text,
+            tensor_names=(tensor.name,),
+            missing_ranks=tuple(missing_ranks),
+        )
         submitters = tuple(
             job.members[r].worker_id
             for r in sorted(tensor.submissions)

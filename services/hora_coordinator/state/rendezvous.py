@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from hora_proto.v1 import rendezvous_pb2 as rpb
-
 from ..errors import InvalidRequestError, JobFailedError, RoundFullError
+from ..messages import JoinRequest
 from .effects import Admit, Effect, Log
 from .elastic import elastic_bounds_of, join_elastic
 from .generations import maybe_form
@@ -20,7 +19,7 @@ __all__ = [
 ]
 
 
-def join(job: Job, request: rpb.JoinRequest, now: float) -> list[Effect]:
+def join(job: Job, request: JoinRequest, now: float) -> list[Effect]:
     """A worker asks to join the next generation.
 
     Returns:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-
-from hora_proto.v1 import negotiation_pb2 as npb
+from collections.abc import Sequence
 
 from ..errors import JobFailedError, PreconditionError, StaleGenerationError
+from ..messages import CoordinatorMessage, ErrorKind, Response, ResponseType, TensorRequest
 from ..negotiation import format_ranks
-from .effects import Effect, Log, Send, send_by_rank
+from .effects import Effect, Log, Send, responses_message, send_by_rank
 from .job import Job, JobPhase, Member, MemberState
 
 __all__ = [
@@ -104,9 +104,9 @@ def remove_process_set(
 
 
 def handle_requests(
-    job: Job, worker_id: str, generation: int, requests: npb.RequestList, now: float
+    job: Job, worker_id: str, generation: int, requests: Sequence[TensorRequest], now: float
 ) -> list[Effect]:
-    """One RequestList from a member's stream: record it, answer what became ready.
+    """The requests of one RequestList from a member's stream: record, answer what is ready.
 
     This is the hot path: it costs O(tensors in the message + ranks answered),
     times the number of joined ranks while some have joined; a join request
@@ -120,53 +120,38 @@ def handle_requests(
         or member is None
         or member.state is not MemberState.ACTIVE
     ):
-        if not requests.requests:
+        if not requests:
             return []
         if job.phase is JobPhase.FAILED:
             why = f"job '{job.job_id}' has failed: {job.failure}"
         else:
             why = f"generation {generation} of job '{job.job_id}' is over"
         responses = [
-            npb.Response(
-                type=npb.RESPONSE_TYPE_ERROR,
-                tensor_names=[r.name],
+            Response(
+                type=ResponseType.ERROR,
+                tensor_names=(r.name,),
                 process_set_id=r.process_set_id,
                 error_message=f"tensor '{r.name}' cannot run: {why}",
-                error_kind=npb.ERROR_KIND_RANK_GONE,
+                error_kind=ErrorKind.RANK_GONE,
             )
-            for r in requests.requests
+            for r in requests
         ]
         job.errors += len(responses)
-        return [
-            Send(
-                (worker_id,),
-                npb.CoordinatorMessage(responses=npb.ResponseList(responses=responses)),
-            )
-        ]
+        return [Send((worker_id,), responses_message(responses))]
     member.last_heartbeat = now
-    outcome = job.table.submit(member.rank, requests.requests, now)
+    outcome = job.table.submit(member.rank, requests, now)
     job.negotiated_tensors += outcome.negotiated
     job.errors += outcome.errors
     effects: list[Effect] = []
     if outcome.direct:
-        effects.append(
-            Send(
-                (worker_id,),
-                npb.CoordinatorMessage(responses=npb.ResponseList(responses=outcome.direct)),
-            )
-        )
+        effects.append(Send((worker_id,), responses_message(outcome.direct)))
     members = job.members
     for pset, response_list in outcome.broadcasts:
         recipients = tuple(
             members[r].worker_id for r in pset.ranks if members[r].state is MemberState.ACTIVE
         )
-        effects.append(Send(recipients, npb.CoordinatorMessage(responses=response_list)))
+        effects.append(Send(recipients, CoordinatorMessage(responses=response_list)))
     for rank, responses in outcome.targeted.items():
         if members[rank].state is MemberState.ACTIVE:
-            effects.append(
-                Send(
-                    (members[rank].worker_id,),
-                    npb.CoordinatorMessage(responses=npb.ResponseList(responses=responses)),
-                )
-            )
+            effects.append(Send((members[rank].worker_id,), responses_message(responses)))
     return effects
