@@ -266,7 +266,7 @@ class Coordinator:
             return
         if error is not None:
             waiter.set_exception(error)
-        else:
+        elif view is not None:
             waiter.set_result(view)
 
     def end_streams(self) -> None:

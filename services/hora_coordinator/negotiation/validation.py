@@ -44,7 +44,8 @@ _AGREED_FIELDS = (
 def format_ranks(ranks: Sequence[int]) -> str:
     """Compact rank list: ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
     parts: list[str] = []
-    start = prev = None
+    start: int | None = None
+    prev = 0  # read only once start is set
     for rank in sorted(ranks):
         if start is None:
             start = prev = rank

@@ -37,7 +37,7 @@ def leave(job: Job, worker_id: str, reason: str, now: float, rejoin: bool = Fals
     rejoin = rejoin and job.elastic is not None
     rnd = job.round
     if rnd is not None and worker_id in rnd.joiners:
-        effects = cancel_join(job, worker_id, now)
+        effects: list[Effect] = cancel_join(job, worker_id, now)
         effects.append(
             Reject(
                 worker_id,
@@ -62,7 +62,7 @@ def leave(job: Job, worker_id: str, reason: str, now: float, rejoin: bool = Fals
     member.cause = reason or ("reset" if rejoin else "left")
     record(job, now, "reset" if rejoin else "left", member.cause, member)
     what = "left for an elastic reset" if rejoin else "left"
-    effects: list[Effect] = [
+    effects = [
         Log(
             logging.INFO,
             f"job '{job.job_id}' generation {job.generation}: "
