@@ -128,3 +128,30 @@ def test_an_event_message_encodes_as_the_event_kind():
         npb.EVENT_TYPE_MEMBER_LOST, 1, 1250
     )
     assert encoded.event.message == "stream closed"
+
+
+def test_only_the_adapters_import_protobuf():
+    # The state machine stays readable and testable without the stubs: it must
+    # not import them (the hora_proto policy modules are plain Python).
+    import ast
+    from pathlib import Path
+
+    import hora_coordinator
+
+    root = Path(hora_coordinator.__file__).parent
+    pure = [root / "messages.py", *sorted((root / "state").glob("*.py")),
+            *sorted((root / "negotiation").glob("*.py"))]
+    offenders = []
+    for path in pure:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            offenders += [
+                f"{path.relative_to(root)}: {name}"
+                for name in names
+                if name.startswith(("hora_proto.v1", "google.protobuf", "grpc"))
+            ]
+    assert offenders == []

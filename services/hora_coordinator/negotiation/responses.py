@@ -34,17 +34,23 @@ __all__ = [
 # Items in the ready list, in the order they became ready.
 @dataclass(frozen=True)
 class ReadyTensor:
+    """A tensor every rank of its set submitted (or joined for)."""
+
     tensor: PendingTensor
 
 
 @dataclass(frozen=True)
 class ReadyGroup:
+    """Every tensor of a grouped allreduce, ready together."""
+
     process_set: SetMembers
     tensors: tuple[PendingTensor, ...]
 
 
 @dataclass(frozen=True)
 class ReadyError:
+    """An error decided before validation (a rank submitted a name twice)."""
+
     process_set: SetMembers
     names: tuple[str, ...]
     message: str
@@ -52,6 +58,8 @@ class ReadyError:
 
 @dataclass(frozen=True)
 class ReadyJoin:
+    """The last rank of the world joined."""
+
     process_set: SetMembers  # always set 0
     last_joined_rank: int
 

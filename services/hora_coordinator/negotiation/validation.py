@@ -60,6 +60,7 @@ def format_ranks(ranks: Sequence[int]) -> str:
 
 
 def format_value(field_name: str, value: object) -> str:
+    """One rank's value of a field as mismatch messages show it (enum names, lists)."""
     if field_name == "op_type":
         return OpType(value).name  # type: ignore[arg-type]
     if field_name == "reduce_op":
@@ -84,6 +85,7 @@ def mismatch_message(name: str, what: str, values: dict[int, str]) -> str:
 
 
 def op_name(op: int) -> str:
+    """``allgather`` for OpType.ALLGATHER: the collective as messages name it."""
     return OpType(op).name.lower()
 
 

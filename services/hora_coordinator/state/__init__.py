@@ -38,7 +38,9 @@ The package's modules, one per stage: :mod:`.job` (the records),
 job), :mod:`.elastic` (elastic bounds, ends of generations, round deadlines),
 :mod:`.departures` (Leave and losses), :mod:`.liveness` (heartbeats, the
 periodic check), :mod:`.streams` (negotiation streams and process sets) and
-:mod:`.views` (world views and the event log).
+:mod:`.views` (world views, heartbeat replies, the event log). The transitions
+take and return plain objects (:mod:`hora_coordinator.messages`, :mod:`.views`);
+:mod:`hora_coordinator.wire` converts them to and from protobuf.
 """
 
 from __future__ import annotations

@@ -150,6 +150,7 @@ def decide_after_loss(job: Job, member: Member) -> LossDecision:
 
 
 def lose(job: Job, member: Member, cause: str, now: float) -> list[Effect]:
+    """``member`` is LOST: tell the others, then fail the job or end the generation."""
     member.state = MemberState.LOST
     member.cause = cause
     decision = decide_after_loss(job, member)

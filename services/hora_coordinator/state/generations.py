@@ -26,7 +26,7 @@ __all__ = [
 def order_joiners(joiners: list[Joiner], size: int) -> list[Joiner]:
     """Orders joiners by rank: hints first, the rest fill free ranks by (host, arrival).
 
-    Hints are assumed unique and in range (:func:`join` checks both).
+    Hints are assumed unique and in range (:func:`.rendezvous.join` checks both).
     """
     slots: list[Joiner | None] = [None] * size
     for joiner in joiners:
@@ -62,6 +62,7 @@ def elastic_order(rnd: Round, max_size: int) -> tuple[list[Joiner], list[Joiner]
 
 
 def maybe_form(job: Job, now: float) -> list[Effect]:
+    """Forms the next generation if its round is complete and none is running."""
     rnd = job.round
     if rnd is None or job.phase is JobPhase.RUNNING:
         return []  # the round waits until the running generation is over
@@ -77,6 +78,7 @@ def maybe_form(job: Job, now: float) -> list[Effect]:
 
 
 def form_generation(job: Job, rnd: Round, now: float) -> list[Effect]:
+    """Makes ``rnd``'s joiners the members of a new generation and admits them."""
     later: list[Joiner] = []
     if job.elastic is not None:
         ordered, later = elastic_order(rnd, job.elastic.max_size)
@@ -126,6 +128,7 @@ def form_generation(job: Job, rnd: Round, now: float) -> list[Effect]:
 
 
 def fail_job(job: Job, failure: str, now: float) -> list[Effect]:
+    """The job is FAILED: tell the members, refuse the waiting joiners."""
     job.phase = JobPhase.FAILED
     job.failure = failure
     job.table.clear()

@@ -30,8 +30,6 @@ __all__ = [
 
 #: Events a job keeps; older ones are dropped first.
 EVENT_LOG_LIMIT = 10_000
-
-
 #: How long an elastic round waits for min_size workers when the first joiner
 #: sent ``elastic_timeout_ms`` 0 (Horovod's default elastic timeout).
 DEFAULT_ELASTIC_TIMEOUT_S = 600.0
@@ -224,6 +222,7 @@ def record(
 
 
 def round_config(request: JoinRequest, size: int) -> JobConfig:
+    """The settings a round takes from the Join that opens it."""
     return JobConfig(
         size=size,
         fusion_threshold_bytes=max(0, request.fusion_threshold_bytes),
@@ -233,6 +232,7 @@ def round_config(request: JoinRequest, size: int) -> JobConfig:
 
 
 def new_joiner(job: Job, request: JoinRequest, now: float) -> Joiner:
+    """A joiner for ``request``, numbered by the job's arrival count."""
     job.arrivals += 1
     return Joiner(
         worker_id=request.worker_id,

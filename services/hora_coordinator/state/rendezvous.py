@@ -90,6 +90,7 @@ def join(job: Job, request: JoinRequest, now: float) -> list[Effect]:
 
 
 def drop_joiner(rnd: Round, worker_id: str) -> None:
+    """Forgets a joiner of ``rnd`` and frees its rank hint."""
     joiner = rnd.joiners.pop(worker_id, None)
     if joiner is not None and joiner.rank_hint >= 0:
         rnd.hints.pop(joiner.rank_hint, None)

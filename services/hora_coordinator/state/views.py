@@ -2,7 +2,7 @@
 
 :class:`WorldView`, :class:`WorldMember` and :class:`HeartbeatReply` are the
 twins of ``hora.v1.WorldView``, ``Member`` and ``HeartbeatResponse`` (same
-field names); :mod:`..wire` encodes them.
+field names); :mod:`hora_coordinator.wire` encodes them.
 """
 
 from __future__ import annotations
