@@ -2,7 +2,10 @@
 
 :mod:`.state` decides; this module does: it resolves waiting Joins, queues
 messages on members' negotiation streams, writes log lines, and runs the
-periodic lease and stall check. Everything here runs on one asyncio event
+periodic lease and stall check. What it delivers to a waiting transport (a
+Join's world view, a stream message) it encodes with :mod:`.wire` once, for
+every recipient; its other methods take and return domain objects, which the
+servicer converts with :mod:`.wire` too. Everything here runs on one asyncio event
 loop, so the state needs no locks; the HTTP routes read it on the same loop.
 """
 
@@ -11,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
-from hora_proto.v1 import negotiation_pb2 as npb
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
-from . import state
+from . import state, wire
 from .errors import AlreadyOpenError, InvalidRequestError, SupersededError, UnknownError
+from .messages import JoinRequest, TensorRequest
 from .settings import CoordinatorSettings
 from .store import KeyValueStore
 
@@ -74,8 +77,8 @@ class Coordinator:
 
     # ---- rendezvous -------------------------------------------------------------------
 
-    async def join(self, request: rpb.JoinRequest) -> rpb.WorldView:
-        """Waits until the world of the next generation gathers; this worker's view.
+    async def join(self, request: JoinRequest) -> rpb.WorldView:
+        """Waits until the world of the next generation gathers; this worker's view, encoded.
 
         Cancelling the call (the caller's deadline) forgets the joiner.
         """
@@ -112,12 +115,12 @@ class Coordinator:
         job = self.job(job_id)
         self.apply(job, state.leave(job, worker_id, reason, self.clock(), rejoin))
 
-    def heartbeat(self, job_id: str, worker_id: str) -> rpb.HeartbeatResponse:
+    def heartbeat(self, job_id: str, worker_id: str) -> state.HeartbeatReply:
         """Renews a member's lease."""
         job = self.job(job_id)
         return state.heartbeat(job, worker_id, self.clock(), self._lease_s)
 
-    def get_world(self, job_id: str, worker_id: str) -> rpb.WorldView:
+    def get_world(self, job_id: str, worker_id: str) -> state.WorldView:
         """A member's current view."""
         return state.get_world(self.job(job_id), worker_id)
 
@@ -125,9 +128,9 @@ class Coordinator:
         """Records an event the launcher saw in the job's log."""
         state.report_event(self.job(job_id), kind, host, message, self.clock())
 
-    def list_events(self, job_id: str) -> list[rpb.JobEvent]:
+    def list_events(self, job_id: str) -> list[state.JobEvent]:
         """The job's event log, oldest first."""
-        return state.events_pb(self.job(job_id))
+        return state.event_log(self.job(job_id))
 
     # ---- negotiation ------------------------------------------------------------------
 
@@ -149,35 +152,27 @@ class Coordinator:
         return self._outboxes.setdefault((job_id, worker_id), asyncio.Queue())
 
     def requests(
-        self, job_id: str, worker_id: str, generation: int, requests: npb.RequestList
+        self, job_id: str, worker_id: str, generation: int, requests: Sequence[TensorRequest]
     ) -> None:
         """One RequestList arrived on a member's stream (the hot path)."""
         job = self.jobs[job_id]
         self.apply(job, state.handle_requests(job, worker_id, generation, requests, self.clock()))
 
-    def add_process_set(self, request: npb.AddProcessSetRequest) -> None:
+    def add_process_set(
+        self, job_id: str, worker_id: str, generation: int, process_set_id: int, ranks: list[int]
+    ) -> None:
         """Registers a process set of the caller's generation (idempotent)."""
-        job = self.job(request.job_id)
+        job = self.job(job_id)
         self.apply(
-            job,
-            state.add_process_set(
-                job,
-                request.worker_id,
-                request.generation,
-                request.process_set_id,
-                list(request.ranks),
-            ),
+            job, state.add_process_set(job, worker_id, generation, process_set_id, ranks)
         )
 
-    def remove_process_set(self, request: npb.RemoveProcessSetRequest) -> None:
+    def remove_process_set(
+        self, job_id: str, worker_id: str, generation: int, process_set_id: int
+    ) -> None:
         """Removes a process set (idempotent); its pending tensors fail."""
-        job = self.job(request.job_id)
-        self.apply(
-            job,
-            state.remove_process_set(
-                job, request.worker_id, request.generation, request.process_set_id
-            ),
-        )
+        job = self.job(job_id)
+        self.apply(job, state.remove_process_set(job, worker_id, generation, process_set_id))
 
     def stream_closed(self, job_id: str, worker_id: str, generation: int) -> None:
         """A member's stream ended; unless it left first, the member is lost."""
@@ -236,15 +231,24 @@ class Coordinator:
     # ---- doing ------------------------------------------------------------------------
 
     def apply(self, job: state.Job, effects: Iterable[state.Effect]) -> None:
-        """Carries out what a transition decided, in order."""
+        """Carries out what a transition decided, in order.
+
+        A message goes on the wire encoded once for all its recipients; the
+        views of a world admitted at once share one encoded member list.
+        """
+        templates: wire.ViewTemplates = {}
         for effect in effects:
             if isinstance(effect, state.Send):
+                encoded = None
                 for worker_id in effect.worker_ids:
                     outbox = self._outboxes.get((job.job_id, worker_id))
                     if outbox is not None:
-                        outbox.put_nowait(effect.message)
+                        if encoded is None:
+                            encoded = wire.coordinator_message_pb(effect.message)
+                        outbox.put_nowait(encoded)
             elif isinstance(effect, state.Admit):
-                self._settle(job.job_id, effect.worker_id, effect.view, None)
+                view = wire.world_view_pb(effect.view, templates)
+                self._settle(job.job_id, effect.worker_id, view, None)
             elif isinstance(effect, state.Reject):
                 self._settle(job.job_id, effect.worker_id, None, effect.error)
             elif isinstance(effect, state.NewGeneration):
@@ -262,7 +266,7 @@ class Coordinator:
             return
         if error is not None:
             waiter.set_exception(error)
-        else:
+        elif view is not None:
             waiter.set_result(view)
 
     def end_streams(self) -> None:

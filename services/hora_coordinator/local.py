@@ -13,7 +13,9 @@ from collections.abc import Iterable, Sequence
 
 from hora_proto.v1 import negotiation_pb2 as npb
 
+from .messages import Response
 from .negotiation import NegotiationTable
+from .wire import response_pb
 
 __all__ = ["LocalNegotiation"]
 
@@ -40,7 +42,7 @@ class LocalNegotiation:
     def submit(self, requests: Iterable[npb.TensorRequest]) -> list[npb.CoordinatorMessage]:
         """The messages the coordinator would send rank 0 for these requests, in order."""
         outcome = self._table.submit(0, requests, time.monotonic())
-        lists: list[list[npb.Response]] = []
+        lists: list[list[Response]] = []
         if outcome.direct:
             lists.append(list(outcome.direct))
         lists.extend(list(response_list.responses) for _set, response_list in outcome.broadcasts)
@@ -49,6 +51,7 @@ class LocalNegotiation:
         return _messages(lists)
 
 
-def _messages(lists: list[list[npb.Response]]) -> list[npb.CoordinatorMessage]:
-    return [npb.CoordinatorMessage(responses=npb.ResponseList(responses=responses))
+def _messages(lists: list[list[Response]]) -> list[npb.CoordinatorMessage]:
+    return [npb.CoordinatorMessage(responses=npb.ResponseList(
+                responses=[response_pb(response) for response in responses]))
             for responses in lists]

@@ -2,7 +2,7 @@
 
 This module is the one place coordinator errors become gRPC status codes
 (:func:`status_for`). Servicers translate requests into coordinator calls and
-do nothing else.
+do nothing else; messages become domain objects and back through :mod:`.wire`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from hora_proto.v1 import (
     store_pb2_grpc,
 )
 
+from . import wire
 from .coordinator import STREAM_END, Coordinator
 from .errors import (
     AlreadyOpenError,
@@ -101,7 +102,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @_mapped
     async def Join(self, request, context):  # noqa: N802 (gRPC method names)
-        return rendezvous_pb2.JoinResponse(world=await self._c.join(request))
+        return wire.join_response_pb(await self._c.join(wire.join_request(request)))
 
     @_mapped
     async def Leave(self, request, context):  # noqa: N802
@@ -110,13 +111,12 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @_mapped
     async def Heartbeat(self, request, context):  # noqa: N802
-        return self._c.heartbeat(request.job_id, request.worker_id)
+        return wire.heartbeat_pb(self._c.heartbeat(request.job_id, request.worker_id))
 
     @_mapped
     async def GetWorld(self, request, context):  # noqa: N802
-        return rendezvous_pb2.JoinResponse(
-            world=self._c.get_world(request.job_id, request.worker_id)
-        )
+        view = self._c.get_world(request.job_id, request.worker_id)
+        return wire.join_response_pb(wire.world_view_pb(view))
 
     @_mapped
     async def ReportEvent(self, request, context):  # noqa: N802
@@ -125,7 +125,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @_mapped
     async def ListEvents(self, request, context):  # noqa: N802
-        return rendezvous_pb2.ListEventsResponse(events=self._c.list_events(request.job_id))
+        return wire.list_events_response_pb(self._c.list_events(request.job_id))
 
 
 class StoreServicer(store_pb2_grpc.StoreServicer):
@@ -196,7 +196,8 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
             try:
                 async for message in request_iterator:
                     if message.WhichOneof("kind") == "requests":
-                        coordinator.requests(job_id, worker_id, generation, message.requests)
+                        requests = wire.tensor_requests(message.requests)
+                        coordinator.requests(job_id, worker_id, generation, requests)
             except (grpc.aio.AioRpcError, asyncio.CancelledError):
                 pass  # the stream broke: treated below as closed
             except Exception:  # a coordinator bug: end this stream loudly, keep serving
@@ -221,12 +222,20 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
 
     @_mapped
     async def AddProcessSet(self, request, context):  # noqa: N802
-        self._c.add_process_set(request)
+        self._c.add_process_set(
+            request.job_id,
+            request.worker_id,
+            request.generation,
+            request.process_set_id,
+            list(request.ranks),
+        )
         return negotiation_pb2.AddProcessSetResponse()
 
     @_mapped
     async def RemoveProcessSet(self, request, context):  # noqa: N802
-        self._c.remove_process_set(request)
+        self._c.remove_process_set(
+            request.job_id, request.worker_id, request.generation, request.process_set_id
+        )
         return negotiation_pb2.RemoveProcessSetResponse()
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from hora_coordinator import state
+from hora_coordinator.messages import CoordinatorMessage, Event, JoinRequest, Response
 from hora_proto.v1 import negotiation_pb2 as npb
-from hora_proto.v1 import rendezvous_pb2 as rpb
 
 __all__ = [
     "F32",
@@ -21,8 +21,8 @@ __all__ = [
 F32 = "float32"
 
 
-def jreq(worker: str, size: int, host: str = "h", hint: int = -1, **config) -> rpb.JoinRequest:
-    return rpb.JoinRequest(
+def jreq(worker: str, size: int, host: str = "h", hint: int = -1, **config) -> JoinRequest:
+    return JoinRequest(
         job_id="job",
         worker_id=worker,
         host=host,
@@ -42,7 +42,7 @@ def treq(name: str, op=npb.OP_TYPE_ALLREDUCE, dtype=F32, shape=(4,), **kw) -> np
     return npb.TensorRequest(name=name, op_type=op, dtype=dtype, shape=list(shape), **kw)
 
 
-def admits(effects) -> dict[str, rpb.WorldView]:
+def admits(effects) -> dict[str, state.WorldView]:
     return {e.worker_id: e.view for e in effects if isinstance(e, state.Admit)}
 
 
@@ -62,22 +62,22 @@ def form(size: int, hosts=None, hints=None, now=0.0, **config) -> state.Job:
 
 
 def submit(job: state.Job, rank: int, *requests: npb.TensorRequest, now: float = 0.0):
-    return state.handle_requests(
-        job, f"w{rank}", job.generation, npb.RequestList(requests=list(requests)), now
-    )
+    # The table reads the wire's TensorRequest messages as they arrive.
+    return state.handle_requests(job, f"w{rank}", job.generation, list(requests), now)
 
 
-def responses_to(effects, worker: str) -> list[npb.Response]:
-    out = []
+def responses_to(effects, worker: str) -> list[Response]:
+    out: list[Response] = []
     for send in sends(effects):
-        if worker in send.worker_ids and send.message.WhichOneof("kind") == "responses":
-            out.extend(send.message.responses.responses)
+        message: CoordinatorMessage = send.message
+        if worker in send.worker_ids and message.responses is not None:
+            out.extend(message.responses.responses)
     return out
 
 
-def events_to(effects, worker: str) -> list[npb.Event]:
+def events_to(effects, worker: str) -> list[Event]:
     return [
         s.message.event
         for s in sends(effects)
-        if worker in s.worker_ids and s.message.WhichOneof("kind") == "event"
+        if worker in s.worker_ids and s.message.event is not None
     ]

@@ -300,7 +300,7 @@ def test_elastic_bounds_are_checked_and_fixed_by_the_first_joiner():
     with pytest.raises(InvalidRequestError, match="is elastic"):
         state.join(job, jreq("b", 2), 0.0)
     state.join(job, jreq("b", 4, min_size=1, max_size=9), 0.1)  # other bounds: the job's win
-    assert job.elastic == state.ElasticConfig(2, 3, 10.0)
+    assert job.elastic == state.ElasticBounds(2, 3, 10.0)
     assert job.phase is state.JobPhase.RUNNING and job.size == 2
     plain = form(1)
     with pytest.raises(InvalidRequestError, match="is not elastic"):
@@ -315,7 +315,7 @@ def test_events_tell_the_story_with_timestamps_and_members():
     state.stream_closed(job, "w1", 1, 1.25)
     rejoin(job, "w0", 2.0)
     state.report_event(job, "blacklist", "h9", "too many failures", 3.0)
-    events = state.events_pb(job)
+    events = state.event_log(job)
     assert [e.kind for e in events] == [
         "join",
         "join",

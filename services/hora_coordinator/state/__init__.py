@@ -1,0 +1,118 @@
+"""Job state and its transitions: deciding, separate from doing.
+
+Every operation on a job is a function here that takes the job, the request
+and the current time, updates the job's dataclasses and returns a list of
+*effects* (answer this joiner, send this message to these members, log this
+line). Nothing in this package does I/O, sleeps or reads a clock; the
+:class:`~hora_coordinator.coordinator.Coordinator` applies the effects. That
+keeps every rule testable with a fake clock and no servers.
+
+Lifecycle of a job::
+
+    GATHERING --world gathers--> RUNNING --every member left--> FINISHED
+                                    |                              |
+                                    +--member lost / stall--> FAILED
+    FINISHED --the next round gathers--> RUNNING (generation + 1)
+
+An elastic job (``min_size >= 1``) does not fail when it loses a member: the
+generation ends and the job goes back to GATHERING with a round that expects
+the members that are still alive (they re-join after their reset) plus any
+newcomer. A member that leaves with ``rejoin`` ends the generation the same
+way, without being counted as lost::
+
+    RUNNING --member lost / left with rejoin--> GATHERING (round expects the survivors)
+    GATHERING --survivors re-joined, min_size..max_size there--> RUNNING (generation + 1)
+    GATHERING --fewer than min_size after elastic_timeout--> FAILED
+
+Lifecycle of a member: JOINING (in the next round) -> ACTIVE -> LEFT | LOST.
+Between generations of an elastic job, the members of the ended generation
+keep their lease (heartbeats renew it) until they re-join; one whose lease
+runs out is LOST and no longer expected.
+
+Every transition also appends to the job's event log (:class:`JobEvent`),
+bounded to the last :data:`EVENT_LOG_LIMIT` entries.
+
+The package's modules, one per stage: :mod:`.job` (the records),
+:mod:`.effects` (what a transition asks the coordinator to do),
+:mod:`.rendezvous` (Join), :mod:`.generations` (forming a generation, failing a
+job), :mod:`.elastic` (elastic bounds, ends of generations, round deadlines),
+:mod:`.departures` (Leave and losses), :mod:`.liveness` (heartbeats, the
+periodic check), :mod:`.streams` (negotiation streams and process sets) and
+:mod:`.views` (world views, heartbeat replies, the event log). The transitions
+take and return plain objects (:mod:`hora_coordinator.messages`, :mod:`.views`);
+:mod:`hora_coordinator.wire` converts them to and from protobuf.
+"""
+
+from __future__ import annotations
+
+from .departures import LossDecision, decide_after_loss, leave, stream_closed
+from .effects import Admit, Effect, Log, NewGeneration, Reject, Send
+from .generations import elastic_order, order_joiners
+from .job import (
+    DEFAULT_ELASTIC_TIMEOUT_S,
+    EVENT_LOG_LIMIT,
+    ElasticBounds,
+    Job,
+    JobConfig,
+    JobEvent,
+    JobPhase,
+    Joiner,
+    Member,
+    MemberState,
+    Round,
+    new_job,
+)
+from .liveness import check, heartbeat
+from .rendezvous import cancel_join, join
+from .streams import add_process_set, handle_requests, open_stream, remove_process_set
+from .views import (
+    HeartbeatReply,
+    WorldMember,
+    WorldView,
+    event_log,
+    get_world,
+    report_event,
+    world_view,
+)
+
+__all__ = [
+    "DEFAULT_ELASTIC_TIMEOUT_S",
+    "EVENT_LOG_LIMIT",
+    "Admit",
+    "Effect",
+    "ElasticBounds",
+    "HeartbeatReply",
+    "Job",
+    "JobConfig",
+    "JobEvent",
+    "JobPhase",
+    "Joiner",
+    "Log",
+    "LossDecision",
+    "Member",
+    "MemberState",
+    "NewGeneration",
+    "Reject",
+    "Round",
+    "Send",
+    "WorldMember",
+    "WorldView",
+    "add_process_set",
+    "cancel_join",
+    "check",
+    "decide_after_loss",
+    "elastic_order",
+    "event_log",
+    "get_world",
+    "handle_requests",
+    "heartbeat",
+    "join",
+    "leave",
+    "new_job",
+    "open_stream",
+    "order_joiners",
+    "remove_process_set",
+    "report_event",
+    "stream_closed",
+    "world_view",
+]

@@ -1,0 +1,245 @@
+"""A job's records: its phase, members, the round gathering the next generation."""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..messages import JoinRequest
+from ..negotiation import NegotiationTable
+
+__all__ = [
+    "DEFAULT_ELASTIC_TIMEOUT_S",
+    "EVENT_LOG_LIMIT",
+    "ElasticBounds",
+    "Job",
+    "JobConfig",
+    "JobEvent",
+    "JobPhase",
+    "Joiner",
+    "Member",
+    "MemberState",
+    "Round",
+    "new_job",
+    "new_joiner",
+    "record",
+    "round_config",
+]
+
+
+#: Events a job keeps; older ones are dropped first.
+EVENT_LOG_LIMIT = 10_000
+#: How long an elastic round waits for min_size workers when the first joiner
+#: sent ``elastic_timeout_ms`` 0 (Horovod's default elastic timeout).
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+
+
+class JobPhase(enum.Enum):
+    """Where a job is in its life."""
+
+    GATHERING = "gathering"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class MemberState(enum.Enum):
+    """Where a member is in its life."""
+
+    JOINING = "joining"
+    ACTIVE = "active"
+    LEFT = "left"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Settings every rank of a generation shares, taken from the round's first joiner."""
+
+    size: int
+    fusion_threshold_bytes: int = 0
+    stall_warning_s: float = 0.0
+    stall_shutdown_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ElasticBounds:
+    """Bounds of an elastic job's world, fixed by the job's first joiner.
+
+    Attributes:
+        min_size: Fewest members a generation may have (>= 1).
+        max_size: Most members a generation may have; 0 for no bound.
+        timeout_s: How long a round may lack min_size joiners before the job fails.
+    """
+
+    min_size: int
+    max_size: int
+    timeout_s: float
+
+    def clamp(self, size: int) -> int:
+        """``size`` moved into [min_size, max_size]."""
+        size = max(size, self.min_size)
+        return min(size, self.max_size) if self.max_size else size
+
+    def below_max(self, size: int) -> bool:
+        """Whether a world of ``size`` may still grow."""
+        return self.max_size == 0 or size < self.max_size
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One entry of a job's event log (what ``ListEvents`` and ``/events`` serve).
+
+    ``rank`` is -1 and ``pid`` 0 where the event concerns no single member.
+    """
+
+    unix_ms: int
+    kind: str
+    generation: int
+    rank: int = -1
+    host: str = ""
+    pid: int = 0
+    message: str = ""
+
+
+@dataclass
+class Joiner:
+    """A worker waiting in the next round."""
+
+    worker_id: str
+    host: str
+    pid: int
+    data_plane_address: str
+    rank_hint: int
+    arrival: int
+    joined_at: float
+
+
+@dataclass
+class Round:
+    """The next generation while it gathers."""
+
+    config: JobConfig
+    joiners: dict[str, Joiner] = field(default_factory=dict)
+    hints: dict[int, str] = field(default_factory=dict)  # rank hint -> worker id
+    # Elastic only. When the round began to count towards elastic_timeout.
+    opened_at: float = 0.0
+    # Members of the ended generation (worker id -> old rank) when this round
+    # follows one; those still in `expected` must re-join (or be lost) first.
+    previous: dict[str, int] = field(default_factory=dict)
+    expected: set[str] = field(default_factory=set)
+    # A first round waits for this many joiners (the launcher's world size)
+    # for at most one lease, then forms with whoever came (at least min_size).
+    wait_for: int = 0
+    # True for the round that follows an ended generation (kept while empty).
+    follows_generation: bool = False
+
+
+@dataclass
+class Member:
+    """A member of the current generation."""
+
+    rank: int
+    worker_id: str
+    host: str
+    pid: int
+    data_plane_address: str
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    last_heartbeat: float
+    state: MemberState = MemberState.ACTIVE
+    cause: str = ""
+    # LEFT with rejoin: it left this generation only (an elastic reset).
+    rejoin: bool = False
+
+    def describe(self) -> str:
+        """``rank R (host H, pid P)``, the way every message names a member."""
+        return f"rank {self.rank} (host {self.host}, pid {self.pid})"
+
+
+@dataclass
+class Job:
+    """One job: its current generation, the round gathering for the next, counters."""
+
+    job_id: str
+    created_at: float
+    phase: JobPhase = JobPhase.GATHERING
+    failure: str = ""
+    generation: int = 0
+    config: JobConfig | None = None
+    members: list[Member] = field(default_factory=list)  # by rank
+    by_worker: dict[str, Member] = field(default_factory=dict)
+    is_homogeneous: bool = True
+    round: Round | None = None
+    table: NegotiationTable = field(default_factory=lambda: NegotiationTable(0, 0))
+    arrivals: int = 0
+    negotiated_tensors: int = 0
+    errors: int = 0
+    negotiation_messages: int = 0
+    elastic: ElasticBounds | None = None
+    reset_count: int = 0  # generations formed after the first (elastic resets)
+    host_update_epoch: int = 0
+    removals_only: bool = False
+    events: deque[JobEvent] = field(default_factory=lambda: deque(maxlen=EVENT_LOG_LIMIT))
+
+    @property
+    def size(self) -> int:
+        """Size of the current generation, else of the gathering round, else 0."""
+        if self.config is not None:
+            return self.config.size
+        return self.round.config.size if self.round is not None else 0
+
+    def active_worker_ids(self, exclude: str = "") -> tuple[str, ...]:
+        """Worker ids of the ACTIVE members, by rank."""
+        return tuple(
+            m.worker_id
+            for m in self.members
+            if m.state is MemberState.ACTIVE and m.worker_id != exclude
+        )
+
+
+def new_job(job_id: str, now: float) -> Job:
+    """A job nobody has joined yet."""
+    return Job(job_id=job_id, created_at=now)
+
+
+def record(
+    job: Job,
+    now: float,
+    kind: str,
+    message: str = "",
+    member: Member | Joiner | None = None,
+    rank: int = -1,
+) -> None:
+    """Appends one event to the job's log (the deque drops the oldest past the limit)."""
+    host, pid = (member.host, member.pid) if member is not None else ("", 0)
+    if isinstance(member, Member):
+        rank = member.rank
+    job.events.append(JobEvent(int(now * 1000), kind, job.generation, rank, host, pid, message))
+
+
+def round_config(request: JoinRequest, size: int) -> JobConfig:
+    """The settings a round takes from the Join that opens it."""
+    return JobConfig(
+        size=size,
+        fusion_threshold_bytes=max(0, request.fusion_threshold_bytes),
+        stall_warning_s=max(0, request.stall_warning_ms) / 1000.0,
+        stall_shutdown_s=max(0, request.stall_shutdown_ms) / 1000.0,
+    )
+
+
+def new_joiner(job: Job, request: JoinRequest, now: float) -> Joiner:
+    """A joiner for ``request``, numbered by the job's arrival count."""
+    job.arrivals += 1
+    return Joiner(
+        worker_id=request.worker_id,
+        host=request.host,
+        pid=request.pid,
+        data_plane_address=request.data_plane_address,
+        rank_hint=request.rank_hint,
+        arrival=job.arrivals,
+        joined_at=now,
+    )

@@ -1,0 +1,102 @@
+"""Liveness: heartbeats, and the periodic check of leases, stalls and round deadlines."""
+
+from __future__ import annotations
+
+import logging
+
+from ..messages import EventType
+from ..negotiation import format_ranks
+from .departures import lose
+from .effects import Effect, Log, Send, event_message
+from .elastic import check_round
+from .generations import fail_job
+from .job import Job, JobPhase, MemberState
+from .views import JOB_STATE, HeartbeatReply
+
+__all__ = [
+    "check",
+    "heartbeat",
+]
+
+
+def heartbeat(job: Job, worker_id: str, now: float, lease_s: float) -> HeartbeatReply:
+    """Renews a member's lease and reports the job's generation and state.
+
+    Renews ACTIVE members, and members of an ended elastic generation that the
+    next round still expects (they are between Leave(rejoin) and Join).
+    """
+    member = job.by_worker.get(worker_id)
+    if member is not None and (
+        member.state is MemberState.ACTIVE
+        or (job.round is not None and worker_id in job.round.expected)
+    ):
+        member.last_heartbeat = now
+    return HeartbeatReply(
+        generation=job.generation,
+        job_state=JOB_STATE[job.phase],
+        lease_ms=int(lease_s * 1000),
+        failure=job.failure,
+        host_update_epoch=job.host_update_epoch,
+        removals_only=job.removals_only,
+    )
+
+
+def check(job: Job, now: float, lease_s: float) -> list[Effect]:
+    """The periodic check: expired leases, then stalled tensors; elastic rounds' deadlines."""
+    if job.phase is not JobPhase.RUNNING and job.elastic is not None and job.round is not None:
+        return check_round(job, job.elastic, job.round, now, lease_s)
+    if job.phase is not JobPhase.RUNNING:
+        return []
+    effects: list[Effect] = []
+    for member in job.members:
+        if member.state is MemberState.ACTIVE and now - member.last_heartbeat > lease_s:
+            silent = now - member.last_heartbeat
+            effects.extend(
+                lose(job, member, f"lease expired (no heartbeat for {silent:.1f} s)", now)
+            )
+            if job.phase is not JobPhase.RUNNING:
+                return effects
+    config = job.config
+    if config is None or (config.stall_warning_s <= 0 and config.stall_shutdown_s <= 0):
+        return effects
+    warn_s, shutdown_s = config.stall_warning_s, config.stall_shutdown_s
+    for tensor in list(job.table.pending.values()):
+        waited = now - tensor.first_seen
+        if shutdown_s > 0 and waited > shutdown_s:
+            missing = format_ranks(job.table.missing_ranks(tensor))
+            failure = (
+                f"tensor '{tensor.name}' stalled for {waited:.1f} s; missing ranks: "
+                f"{missing} (stall shutdown time {shutdown_s:g} s)"
+            )
+            effects.append(Log(logging.ERROR, f"job '{job.job_id}': {failure}"))
+            effects.extend(fail_job(job, failure, now))
+            return effects
+        if warn_s <= 0 or waited <= warn_s:
+            continue
+        if tensor.last_warned is not None and now - tensor.last_warned < warn_s:
+            continue
+        tensor.last_warned = now
+        missing_ranks = job.table.missing_ranks(tensor)
+        text = (
+            f"tensor '{tensor.name}' has waited {waited:.1f} s; missing ranks: "
+            f"{format_ranks(missing_ranks)}"
+        )
+        effects.append(
+            Log(logging.WARNING, f"job '{job.job_id}' generation {job.generation}: {text}")
+        )
+        message = event_message(
+            job,
+            EventType.STALL_WARNING,
+            now,
+            None,
+            text,
+            tensor_names=(tensor.name,),
+            missing_ranks=tuple(missing_ranks),
+        )
+        submitters = tuple(
+            job.members[r].worker_id
+            for r in sorted(tensor.submissions)
+            if job.members[r].state is MemberState.ACTIVE
+        )
+        effects.append(Send(submitters, message))
+    return effects

@@ -1,0 +1,227 @@
+"""The wire adapter: the coordinator's domain objects to and from ``hora.v1`` protobuf.
+
+The transitions (:mod:`.state`, :mod:`.negotiation`) speak the plain
+dataclasses of :mod:`.messages` and :mod:`.state.views`; the servicer and the
+coordinator's executor call this module, and only this module, to turn
+requests off the wire into those and answers back into stubs. Field names are
+the same on both sides and enum numbers equal, so each conversion is a field
+by field copy.
+
+Tensor requests are the one type not converted: the negotiation table reads
+the ``hora.v1.TensorRequest`` messages as they arrive (see :mod:`.messages`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from hora_proto.v1 import negotiation_pb2 as npb
+from hora_proto.v1 import rendezvous_pb2 as rpb
+
+from .messages import CoordinatorMessage, Event, JoinRequest, Response, TensorRequest
+from .state.job import JobEvent, MemberState
+from .state.views import HeartbeatReply, WorldMember, WorldView
+
+__all__ = [
+    "ViewTemplates",
+    "coordinator_message_pb",
+    "event_pb",
+    "heartbeat_pb",
+    "join_request",
+    "join_response_pb",
+    "list_events_response_pb",
+    "response_pb",
+    "tensor_request_pb",
+    "tensor_requests",
+    "world_view_pb",
+]
+
+_MEMBER_STATE_PB = {
+    MemberState.JOINING: rpb.MEMBER_STATE_JOINING,
+    MemberState.ACTIVE: rpb.MEMBER_STATE_ACTIVE,
+    MemberState.LEFT: rpb.MEMBER_STATE_LEFT,
+    MemberState.LOST: rpb.MEMBER_STATE_LOST,
+}
+
+# ---- incoming ---------------------------------------------------------------------------
+
+
+def join_request(message: rpb.JoinRequest) -> JoinRequest:
+    """A Join's request as the transitions read it."""
+    return JoinRequest(
+        job_id=message.job_id,
+        worker_id=message.worker_id,
+        host=message.host,
+        pid=message.pid,
+        expected_size=message.expected_size,
+        rank_hint=message.rank_hint,
+        data_plane_address=message.data_plane_address,
+        fusion_threshold_bytes=message.fusion_threshold_bytes,
+        stall_warning_ms=message.stall_warning_ms,
+        stall_shutdown_ms=message.stall_shutdown_ms,
+        min_size=message.min_size,
+        max_size=message.max_size,
+        elastic_timeout_ms=message.elastic_timeout_ms,
+    )
+
+
+def tensor_requests(message: npb.RequestList) -> Sequence[TensorRequest]:
+    """The requests of a RequestList, as they are (they satisfy :class:`TensorRequest`)."""
+    return message.requests
+
+
+# ---- outgoing: rendezvous ---------------------------------------------------------------
+
+
+def _member_pb(member: WorldMember) -> rpb.Member:
+    return rpb.Member(
+        rank=member.rank,
+        worker_id=member.worker_id,
+        host=member.host,
+        pid=member.pid,
+        state=_MEMBER_STATE_PB[member.state],
+        data_plane_address=member.data_plane_address,
+        local_rank=member.local_rank,
+        last_heartbeat_unix_ms=member.last_heartbeat_unix_ms,
+    )
+
+
+#: What :func:`world_view_pb` shares between the views of one world.
+ViewTemplates = dict[tuple[object, ...], tuple[tuple[WorldMember, ...], rpb.WorldView]]
+
+
+def world_view_pb(view: WorldView, templates: ViewTemplates | None = None) -> rpb.WorldView:
+    """A world view as a message.
+
+    Args:
+        templates: Shared across the calls for the views of one admitted
+            world: views with the very same ``members`` tuple copy one encoded
+            template (a copy in C) instead of encoding every member again, so
+            admitting a world of n costs O(n) Python work, not O(n^2).
+    """
+    key = (id(view.members), view.job_id, view.generation, view.size, view.is_homogeneous,
+           view.store_prefix)
+    held = templates.get(key) if templates is not None else None
+    if held is not None and held[0] is view.members:
+        template = held[1]
+    else:
+        template = rpb.WorldView(
+            job_id=view.job_id,
+            generation=view.generation,
+            size=view.size,
+            is_homogeneous=view.is_homogeneous,
+            members=[_member_pb(m) for m in view.members],
+            store_prefix=view.store_prefix,
+        )
+        if templates is not None:
+            # Holding the tuple keeps its id from being reused while the entry lives.
+            templates[key] = (view.members, template)
+    out = rpb.WorldView()
+    out.CopyFrom(template)
+    out.rank = view.rank
+    out.local_rank = view.local_rank
+    out.local_size = view.local_size
+    out.cross_rank = view.cross_rank
+    out.cross_size = view.cross_size
+    return out
+
+
+def join_response_pb(view: rpb.WorldView) -> rpb.JoinResponse:
+    """The answer of Join and GetWorld around an encoded view."""
+    return rpb.JoinResponse(world=view)
+
+
+def heartbeat_pb(reply: HeartbeatReply) -> rpb.HeartbeatResponse:
+    """A heartbeat's reply as a message."""
+    return rpb.HeartbeatResponse(
+        generation=reply.generation,
+        job_state=reply.job_state,  # type: ignore[arg-type]
+        lease_ms=reply.lease_ms,
+        failure=reply.failure,
+        host_update_epoch=reply.host_update_epoch,
+        removals_only=reply.removals_only,
+    )
+
+
+def list_events_response_pb(events: Iterable[JobEvent]) -> rpb.ListEventsResponse:
+    """A job's event log as ListEvents' answer, in the same order."""
+    return rpb.ListEventsResponse(events=[
+        rpb.JobEvent(
+            unix_ms=e.unix_ms,
+            kind=e.kind,
+            generation=e.generation,
+            rank=e.rank,
+            host=e.host,
+            pid=e.pid,
+            message=e.message,
+        )
+        for e in events
+    ])
+
+
+# ---- outgoing: negotiation --------------------------------------------------------------
+
+
+def tensor_request_pb(request: TensorRequest) -> npb.TensorRequest:
+    """A tensor request as a message; one that is a message already comes back as it is."""
+    if isinstance(request, npb.TensorRequest):
+        return request
+    return npb.TensorRequest(
+        name=request.name,
+        op_type=request.op_type,  # type: ignore[arg-type]
+        dtype=request.dtype,
+        shape=request.shape,
+        device=request.device,
+        reduce_op=request.reduce_op,  # type: ignore[arg-type]
+        root_rank=request.root_rank,
+        prescale_factor=request.prescale_factor,
+        postscale_factor=request.postscale_factor,
+        process_set_id=request.process_set_id,
+        splits=request.splits,
+        group_id=request.group_id,
+        group_size=request.group_size,
+        invalid=request.invalid,
+    )
+
+
+def response_pb(response: Response) -> npb.Response:
+    """One response as a message."""
+    return npb.Response(
+        type=response.type,  # type: ignore[arg-type]
+        tensor_names=response.tensor_names,
+        process_set_id=response.process_set_id,
+        first_dims=response.first_dims,
+        splits=response.splits,
+        error_message=response.error_message,
+        error_kind=response.error_kind,  # type: ignore[arg-type]
+        join_fill=[tensor_request_pb(r) for r in response.join_fill],
+        last_joined_rank=response.last_joined_rank,
+    )
+
+
+def event_pb(event: Event) -> npb.Event:
+    """One event as a message."""
+    return npb.Event(
+        type=event.type,  # type: ignore[arg-type]
+        generation=event.generation,
+        rank=event.rank,
+        host=event.host,
+        pid=event.pid,
+        message=event.message,
+        tensor_names=event.tensor_names,
+        missing_ranks=event.missing_ranks,
+        unix_ms=event.unix_ms,
+    )
+
+
+def coordinator_message_pb(message: CoordinatorMessage) -> npb.CoordinatorMessage:
+    """One stream message as a message: its response list or its event."""
+    if message.responses is not None:
+        return npb.CoordinatorMessage(
+            responses=npb.ResponseList(
+                responses=[response_pb(r) for r in message.responses.responses]
+            )
+        )
+    if message.event is not None:
+        return npb.CoordinatorMessage(event=event_pb(message.event))
+    return npb.CoordinatorMessage()
