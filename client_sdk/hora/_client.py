@@ -11,6 +11,7 @@ import logging
 import os
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -32,8 +33,11 @@ from .errors import (
     AuthenticationError,
     CoordinatorError,
     CoordinatorUnavailableError,
+    InvalidCallError,
+    RankLostError,
     RendezvousError,
     RendezvousTimeoutError,
+    StallError,
 )
 from .settings import Settings
 
@@ -67,10 +71,11 @@ class CoordinatorLink(Protocol):
 
     def leave(self, reason: str = "shutdown", rejoin: bool = False) -> None: ...
 
-    def add_process_set(self, generation: int, process_set_id: int,
-                        ranks: list[int]) -> None: ...
+    def add_process_set(self, generation: int, process_set_id: int, ranks: list[int],
+                        invalid: str = "") -> None: ...
 
-    def remove_process_set(self, generation: int, process_set_id: int) -> None: ...
+    def remove_process_set(self, generation: int, process_set_id: int,
+                           invalid: str = "") -> None: ...
 
     def open_stream(self, generation: int) -> Stream: ...
 
@@ -251,19 +256,54 @@ class CoordinatorClient:
 
     # -- negotiation ---------------------------------------------------------
 
-    def add_process_set(self, generation: int, process_set_id: int, ranks: list[int]) -> None:
+    def add_process_set(self, generation: int, process_set_id: int, ranks: list[int],
+                        invalid: str = "") -> None:
+        """This rank's call of the collective AddProcessSet (see :meth:`_set_call`)."""
         request = negotiation_pb2.AddProcessSetRequest(
             job_id=self.job_id, worker_id=self.worker_id, generation=generation,
-            process_set_id=process_set_id, ranks=ranks)
-        self._call("add process set", self._negotiation.AddProcessSet, request,
-                   self.settings.connect_timeout)
+            process_set_id=process_set_id, ranks=ranks, invalid=invalid)
+        self._set_call("add_process_set", self._negotiation.AddProcessSet, request)
 
-    def remove_process_set(self, generation: int, process_set_id: int) -> None:
+    def remove_process_set(self, generation: int, process_set_id: int,
+                           invalid: str = "") -> None:
+        """This rank's call of the collective RemoveProcessSet (see :meth:`_set_call`)."""
         request = negotiation_pb2.RemoveProcessSetRequest(
             job_id=self.job_id, worker_id=self.worker_id, generation=generation,
-            process_set_id=process_set_id)
-        self._call("remove process set", self._negotiation.RemoveProcessSet, request,
-                   self.settings.connect_timeout)
+            process_set_id=process_set_id, invalid=invalid)
+        self._set_call("remove_process_set", self._negotiation.RemoveProcessSet, request)
+
+    def _set_call(self, what: str, method: Callable[..., Any], request: Any) -> None:
+        """A process set call: answered once every rank has called, alike on every rank.
+
+        The coordinator fails the call when some rank has not called within the
+        job's stall shutdown time; this call's own deadline is a little longer,
+        or the collective timeout when the stall shutdown is off.
+
+        Raises:
+            InvalidCallError: some rank's call was invalid, or the calls differ
+                (the coordinator's message, the same on every rank).
+            StallError: some rank did not call in time.
+            RankLostError: a rank left or was lost, or the generation ended.
+            CoordinatorError: the coordinator could not be reached.
+        """
+        s = self.settings
+        timeout = (s.stall_shutdown_time + s.connect_timeout if s.stall_shutdown_time
+                   else s.collective_timeout)
+        start = time.monotonic()
+        try:
+            method(request, timeout=_seconds(timeout), metadata=self._metadata)
+        except grpc.RpcError as exc:
+            code, detail = exc.code(), exc.details()
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidCallError(detail) from exc
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                raise RankLostError(detail) from exc
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                if time.monotonic() - start >= timeout.total_seconds():  # our own deadline
+                    detail = (f"{what} was not answered within {timeout.total_seconds():g} s: "
+                              f"some rank did not call it")
+                raise StallError(detail) from exc
+            raise self._error(exc, what) from exc
 
     def open_stream(self, generation: int) -> NegotiationStream:
         return NegotiationStream(self, generation)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from hora_proto.v1 import negotiation_pb2, rendezvous_pb2
 
 from ._client import PROCESS_WORKER_ID
-from .errors import CoordinatorError
+from .errors import InvalidCallError
 from .runner.embedded import local_negotiation
 from .settings import Settings
 
@@ -58,16 +58,21 @@ class SoloClient:
     def leave(self, reason: str = "shutdown", rejoin: bool = False) -> None:
         """Nobody to tell."""
 
-    def add_process_set(self, generation: int, process_set_id: int, ranks: list[int]) -> None:
+    def add_process_set(self, generation: int, process_set_id: int, ranks: list[int],
+                        invalid: str = "") -> None:
+        """Decided at once (every rank has called); a refusal raises the coordinator's text."""
         with self._lock:
             try:
-                self._negotiation.add_process_set(process_set_id, ranks)
-            except Exception as exc:  # the coordinator's own error classes
-                raise CoordinatorError(f"add process set failed: {exc}") from exc
+                self._negotiation.add_process_set(process_set_id, ranks, invalid)
+            except Exception as exc:  # the coordinator's InvalidRequestError: a refused call
+                raise InvalidCallError(str(exc)) from exc
 
-    def remove_process_set(self, generation: int, process_set_id: int) -> None:
+    def remove_process_set(self, generation: int, process_set_id: int, invalid: str = "") -> None:
         with self._lock:
-            messages = self._negotiation.remove_process_set(process_set_id)
+            try:
+                messages = self._negotiation.remove_process_set(process_set_id, invalid)
+            except Exception as exc:  # the coordinator's InvalidRequestError: a refused call
+                raise InvalidCallError(str(exc)) from exc
         if self._stream is not None:
             self._stream.deliver(messages)
 

@@ -1,12 +1,13 @@
 """The coordinator: owns the jobs and applies what the transitions decide.
 
-:mod:`.state` decides; this module does: it resolves waiting Joins, queues
-messages on members' negotiation streams, writes log lines, and runs the
-periodic lease and stall check. What it delivers to a waiting transport (a
-Join's world view, a stream message) it encodes with :mod:`.wire` once, for
-every recipient; its other methods take and return domain objects, which the
-servicer converts with :mod:`.wire` too. Everything here runs on one asyncio event
-loop, so the state needs no locks; the HTTP routes read it on the same loop.
+:mod:`.state` decides; this module does: it resolves waiting Joins and
+process set calls, queues messages on members' negotiation streams, writes
+log lines, and runs the periodic lease and stall check. What it delivers to a
+waiting transport (a Join's world view, a stream message) it encodes with
+:mod:`.wire` once, for every recipient; its other methods take and return
+domain objects, which the servicer converts with :mod:`.wire` too. Everything
+here runs on one asyncio event loop, so the state needs no locks; the HTTP
+routes read it on the same loop.
 """
 
 from __future__ import annotations
@@ -15,12 +16,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
 from . import state, wire
 from .errors import AlreadyOpenError, InvalidRequestError, SupersededError, UnknownError
-from .messages import JoinRequest, TensorRequest
+from .messages import (
+    AddProcessSetRequest,
+    JoinRequest,
+    RemoveProcessSetRequest,
+    TensorRequest,
+)
+from .negotiation import SetCallKind
 from .settings import CoordinatorSettings
 from .store import KeyValueStore
 
@@ -31,6 +39,8 @@ logger = logging.getLogger("hora_coordinator")
 # Put on an outbox to end the stream that drains it.
 STREAM_END = None
 Outbox = asyncio.Queue  # of npb.CoordinatorMessage | None
+
+_E = TypeVar("_E", bound=Exception)
 
 
 class Coordinator:
@@ -52,6 +62,8 @@ class Coordinator:
         self.closing = False
         self._lease_s = settings.lease.total_seconds()
         self._joins: dict[tuple[str, str], asyncio.Future[rpb.WorldView]] = {}
+        # Waiting AddProcessSet / RemoveProcessSet calls, by job, worker and kind.
+        self._set_calls: dict[tuple[str, str, SetCallKind], asyncio.Future[None]] = {}
         self._outboxes: dict[tuple[str, str], Outbox] = {}
         self._open_streams: set[tuple[str, str, int]] = set()
         # Jobs seen ended with nothing of them left, and since when.
@@ -158,21 +170,74 @@ class Coordinator:
         job = self.jobs[job_id]
         self.apply(job, state.handle_requests(job, worker_id, generation, requests, self.clock()))
 
-    def add_process_set(
-        self, job_id: str, worker_id: str, generation: int, process_set_id: int, ranks: list[int]
-    ) -> None:
-        """Registers a process set of the caller's generation (idempotent)."""
-        job = self.job(job_id)
-        self.apply(
-            job, state.add_process_set(job, worker_id, generation, process_set_id, ranks)
+    async def add_process_set(self, request: AddProcessSetRequest) -> None:
+        """One rank's AddProcessSet: waits until every rank has called; then every call
+        returns (the set is registered) or raises the same error.
+
+        Raises:
+            InvalidRequestError: some rank's call was invalid, the calls differ, or
+                the set is refused.
+            CallTimeoutError: some ranks did not call within the stall shutdown time.
+            PreconditionError: the caller is not an active member, or the call can
+                never complete (RankGoneError: a member departed).
+        """
+        job = self.job(request.job_id)
+        await self._set_call(
+            job,
+            request.worker_id,
+            request.generation,
+            SetCallKind.ADD,
+            lambda: state.call_add_process_set(job, request, self.clock()),
         )
 
-    def remove_process_set(
-        self, job_id: str, worker_id: str, generation: int, process_set_id: int
+    async def remove_process_set(self, request: RemoveProcessSetRequest) -> None:
+        """One rank's RemoveProcessSet, a collective like :meth:`add_process_set`."""
+        job = self.job(request.job_id)
+        await self._set_call(
+            job,
+            request.worker_id,
+            request.generation,
+            SetCallKind.REMOVE,
+            lambda: state.call_remove_process_set(job, request, self.clock()),
+        )
+
+    async def _set_call(
+        self,
+        job: state.Job,
+        worker_id: str,
+        generation: int,
+        kind: SetCallKind,
+        transition: Callable[[], Iterable[state.Effect]],
     ) -> None:
-        """Removes a process set (idempotent); its pending tensors fail."""
-        job = self.job(job_id)
-        self.apply(job, state.remove_process_set(job, worker_id, generation, process_set_id))
+        """Applies a process set call's transition, then waits for the Answer to it.
+
+        A newer call of the same worker and kind replaces this one (which then
+        raises SupersededError); cancelling the call (the caller's deadline)
+        withdraws it.
+        """
+        key = (job.job_id, worker_id, kind)
+        previous = self._set_calls.pop(key, None)
+        if previous is not None and not previous.done():
+            previous.set_exception(
+                SupersededError(
+                    f"a newer {kind.value} call from worker {worker_id} replaced this one"
+                )
+            )
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._set_calls[key] = waiter
+        try:
+            self.apply(job, transition())
+        except BaseException:
+            if self._set_calls.get(key) is waiter:
+                del self._set_calls[key]
+            raise
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if self._set_calls.get(key) is waiter:
+                del self._set_calls[key]
+                self.apply(job, state.withdraw_set_call(job, worker_id, generation, kind))
+            raise
 
     def stream_closed(self, job_id: str, worker_id: str, generation: int) -> None:
         """A member's stream ended; unless it left first, the member is lost."""
@@ -251,6 +316,8 @@ class Coordinator:
                 self._settle(job.job_id, effect.worker_id, view, None)
             elif isinstance(effect, state.Reject):
                 self._settle(job.job_id, effect.worker_id, None, effect.error)
+            elif isinstance(effect, state.Answer):
+                self._answer(job.job_id, effect)
             elif isinstance(effect, state.NewGeneration):
                 # Fresh outboxes: a stream of the old generation keeps (and drains) its own.
                 for worker_id in effect.worker_ids:
@@ -269,8 +336,23 @@ class Coordinator:
         elif view is not None:
             waiter.set_result(view)
 
+    def _answer(self, job_id: str, answer: state.Answer) -> None:
+        for worker_id in answer.worker_ids:
+            waiter = self._set_calls.pop((job_id, worker_id, answer.kind), None)
+            if waiter is None or waiter.done():
+                continue
+            if answer.error is None:
+                waiter.set_result(None)
+            else:  # one exception object per waiter: each call raises (and tracebacks) its own
+                waiter.set_exception(_copy(answer.error))
+
     def end_streams(self) -> None:
         """Asks every open stream to finish (shutdown)."""
         self.closing = True
         for outbox in self._outboxes.values():
             outbox.put_nowait(STREAM_END)
+
+
+def _copy(error: _E) -> _E:
+    """A fresh exception of the same type and message."""
+    return type(error)(*error.args)

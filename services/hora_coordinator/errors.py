@@ -8,9 +8,13 @@
      |    |                         (FAILED_PRECONDITION)
      |    +-- JobFailedError        the job failed; carries the failure reason
      |    +-- StaleGenerationError  the caller names a generation that is not current
+     |    +-- RankGoneError         a collective call can never complete: a member
+     |                              of its generation left or was lost
      +-- AlreadyOpenError           a second negotiation stream for a member (ALREADY_EXISTS)
      +-- SupersededError           a retried Join replaced this one (ABORTED)
      +-- KeyTimeoutError           store keys did not arrive in time (DEADLINE_EXCEEDED)
+     +-- CallTimeoutError          some ranks did not make a collective call in time
+     |                             (DEADLINE_EXCEEDED)
      +-- AuthenticationError       the job token is missing or wrong (UNAUTHENTICATED)
 
 The state transitions and the store raise these; the gRPC layer turns them
@@ -22,11 +26,13 @@ from __future__ import annotations
 __all__ = [
     "AlreadyOpenError",
     "AuthenticationError",
+    "CallTimeoutError",
     "CoordinatorError",
     "InvalidRequestError",
     "JobFailedError",
     "KeyTimeoutError",
     "PreconditionError",
+    "RankGoneError",
     "RoundFullError",
     "StaleGenerationError",
     "SupersededError",
@@ -64,6 +70,12 @@ class StaleGenerationError(PreconditionError):
     """Raised when a worker names a generation that is not the job's current one."""
 
 
+class RankGoneError(PreconditionError):
+    """Raised to the callers of a collective call (AddProcessSet, RemoveProcessSet)
+    that can never complete: a member of the generation left or was lost before
+    calling, or the generation or the job ended; names the member or the cause."""
+
+
 class AlreadyOpenError(CoordinatorError):
     """Raised when a member opens a second negotiation stream in one generation."""
 
@@ -74,6 +86,11 @@ class SupersededError(CoordinatorError):
 
 class KeyTimeoutError(CoordinatorError):
     """Raised when store keys are not set before the request's timeout; names them."""
+
+
+class CallTimeoutError(CoordinatorError):
+    """Raised to the callers of a collective call (AddProcessSet, RemoveProcessSet)
+    when some ranks did not call within the job's stall shutdown time; names them."""
 
 
 class AuthenticationError(CoordinatorError):

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from hora_proto.v1 import negotiation_pb2 as npb
 
 from .messages import Response
-from .negotiation import NegotiationTable
+from .negotiation import NegotiationTable, SetCall, SetCallKind, SetCallResult
 from .wire import response_pb
 
 __all__ = ["LocalNegotiation"]
@@ -30,14 +30,31 @@ class LocalNegotiation:
     def __init__(self, fusion_threshold_bytes: int) -> None:
         self._table = NegotiationTable(1, fusion_threshold_bytes)
 
-    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None:
-        """Registers a set (InvalidRequestError when it is malformed)."""
-        self._table.add_process_set(process_set_id, ranks)
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int], invalid: str = "") -> None:
+        """This rank's AddProcessSet, decided at once as the coordinator decides it.
 
-    def remove_process_set(self, process_set_id: int) -> list[npb.CoordinatorMessage]:
-        """Removes a set; returns the errors of its pending tensors."""
-        failed = self._table.remove_process_set(process_set_id)
-        return _messages([failed[0]] if failed.get(0) else [])
+        Raises:
+            InvalidRequestError: ``invalid`` was given or the set is refused; the
+                message is the one every rank of a larger world would get.
+        """
+        call = SetCall(SetCallKind.ADD, 0, process_set_id, tuple(ranks), invalid)
+        _raise_on_failure(self._table.call_process_set(call, time.monotonic()))
+
+    def remove_process_set(
+        self, process_set_id: int, invalid: str = ""
+    ) -> list[npb.CoordinatorMessage]:
+        """This rank's RemoveProcessSet (``process_set_id`` -1: never added), decided at once.
+
+        Returns:
+            The errors of the removed set's pending tensors.
+
+        Raises:
+            InvalidRequestError: ``invalid`` was given or the set is 0.
+        """
+        call = SetCall(SetCallKind.REMOVE, 0, process_set_id, invalid=invalid)
+        result = _raise_on_failure(self._table.call_process_set(call, time.monotonic()))
+        failed = result.failed.get(0)
+        return _messages([failed] if failed else [])
 
     def submit(self, requests: Iterable[npb.TensorRequest]) -> list[npb.CoordinatorMessage]:
         """The messages the coordinator would send rank 0 for these requests, in order."""
@@ -49,6 +66,14 @@ class LocalNegotiation:
         if outcome.targeted.get(0):
             lists.append(outcome.targeted[0])
         return _messages(lists)
+
+
+def _raise_on_failure(result: SetCallResult | None) -> SetCallResult:
+    # A world of one has every rank's call at once: the result is always there.
+    assert result is not None
+    if result.error is not None:
+        raise result.error
+    return result
 
 
 def _messages(lists: list[list[Response]]) -> list[npb.CoordinatorMessage]:

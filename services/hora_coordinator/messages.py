@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
+    "AddProcessSetRequest",
     "CoordinatorMessage",
     "ErrorKind",
     "Event",
@@ -34,6 +35,7 @@ __all__ = [
     "OpType",
     "PlainTensorRequest",
     "ReduceOp",
+    "RemoveProcessSetRequest",
     "Response",
     "ResponseList",
     "ResponseType",
@@ -133,6 +135,32 @@ class JoinRequest:
     min_size: int = 0
     max_size: int = 0
     elastic_timeout_ms: int = 0
+
+
+@dataclass(frozen=True)
+class AddProcessSetRequest:
+    """One rank's call of a collective AddProcessSet (``hora.v1.AddProcessSetRequest``)."""
+
+    job_id: str = ""
+    worker_id: str = ""
+    generation: int = 0
+    process_set_id: int = 0
+    ranks: tuple[int, ...] = ()
+    invalid: str = ""
+
+
+@dataclass(frozen=True)
+class RemoveProcessSetRequest:
+    """One rank's call of a collective RemoveProcessSet (``hora.v1.RemoveProcessSetRequest``).
+
+    ``process_set_id`` is -1 when the caller never added the set.
+    """
+
+    job_id: str = ""
+    worker_id: str = ""
+    generation: int = 0
+    process_set_id: int = 0
+    invalid: str = ""
 
 
 class TensorRequest(Protocol):

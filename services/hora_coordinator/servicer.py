@@ -32,6 +32,7 @@ from .coordinator import STREAM_END, Coordinator
 from .errors import (
     AlreadyOpenError,
     AuthenticationError,
+    CallTimeoutError,
     CoordinatorError,
     InvalidRequestError,
     KeyTimeoutError,
@@ -63,6 +64,7 @@ _STATUS: tuple[tuple[type[CoordinatorError], grpc.StatusCode], ...] = (
     (AlreadyOpenError, grpc.StatusCode.ALREADY_EXISTS),
     (SupersededError, grpc.StatusCode.ABORTED),
     (KeyTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (CallTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
 )
 
 
@@ -222,20 +224,12 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
 
     @_mapped
     async def AddProcessSet(self, request, context):  # noqa: N802
-        self._c.add_process_set(
-            request.job_id,
-            request.worker_id,
-            request.generation,
-            request.process_set_id,
-            list(request.ranks),
-        )
+        await self._c.add_process_set(wire.add_process_set_request(request))
         return negotiation_pb2.AddProcessSetResponse()
 
     @_mapped
     async def RemoveProcessSet(self, request, context):  # noqa: N802
-        self._c.remove_process_set(
-            request.job_id, request.worker_id, request.generation, request.process_set_id
-        )
+        await self._c.remove_process_set(wire.remove_process_set_request(request))
         return negotiation_pb2.RemoveProcessSetResponse()
 
 

@@ -18,18 +18,28 @@ from collections.abc import Iterable, Sequence
 from hora_proto.v1 import negotiation_pb2 as npb
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
-from .messages import CoordinatorMessage, Event, JoinRequest, Response, TensorRequest
+from .messages import (
+    AddProcessSetRequest,
+    CoordinatorMessage,
+    Event,
+    JoinRequest,
+    RemoveProcessSetRequest,
+    Response,
+    TensorRequest,
+)
 from .state.job import JobEvent, MemberState
 from .state.views import HeartbeatReply, WorldMember, WorldView
 
 __all__ = [
     "ViewTemplates",
+    "add_process_set_request",
     "coordinator_message_pb",
     "event_pb",
     "heartbeat_pb",
     "join_request",
     "join_response_pb",
     "list_events_response_pb",
+    "remove_process_set_request",
     "response_pb",
     "tensor_request_pb",
     "tensor_requests",
@@ -62,6 +72,29 @@ def join_request(message: rpb.JoinRequest) -> JoinRequest:
         min_size=message.min_size,
         max_size=message.max_size,
         elastic_timeout_ms=message.elastic_timeout_ms,
+    )
+
+
+def add_process_set_request(message: npb.AddProcessSetRequest) -> AddProcessSetRequest:
+    """An AddProcessSet call as the transitions read it."""
+    return AddProcessSetRequest(
+        job_id=message.job_id,
+        worker_id=message.worker_id,
+        generation=message.generation,
+        process_set_id=message.process_set_id,
+        ranks=tuple(message.ranks),
+        invalid=message.invalid,
+    )
+
+
+def remove_process_set_request(message: npb.RemoveProcessSetRequest) -> RemoveProcessSetRequest:
+    """A RemoveProcessSet call as the transitions read it."""
+    return RemoveProcessSetRequest(
+        job_id=message.job_id,
+        worker_id=message.worker_id,
+        generation=message.generation,
+        process_set_id=message.process_set_id,
+        invalid=message.invalid,
     )
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import queue
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 
@@ -18,7 +19,7 @@ from hora_proto.v1 import (
     store_pb2_grpc,
 )
 
-__all__ = ["Client", "FakeStream", "new_job_id", "tensor"]
+__all__ = ["Client", "FakeStream", "new_job_id", "open_world", "tensor", "together"]
 
 
 def new_job_id() -> str:
@@ -41,6 +42,19 @@ def tensor(
     return negotiation_pb2.TensorRequest(
         name=name, op_type=op, dtype=dtype, shape=list(shape), **kw
     )
+
+
+def together(*calls: Callable[[], Any], timeout: float = 30.0) -> list[Any]:
+    """Runs the calls at once, as the ranks of a job do; each one's result or RpcError."""
+    outcomes = []
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        for future in futures:
+            error = future.exception(timeout=timeout)
+            if error is not None and not isinstance(error, grpc.RpcError):
+                raise error
+            outcomes.append(future.result() if error is None else error)
+    return outcomes
 
 
 class Client:
@@ -130,6 +144,53 @@ class Client:
 
     def stream(self, job_id: str, worker_id: str, generation: int) -> FakeStream:
         return FakeStream(self, job_id, worker_id, generation)
+
+    def add_process_set(
+        self,
+        job_id: str,
+        worker_id: str,
+        set_id: int,
+        ranks: Sequence[int],
+        invalid: str = "",
+        generation: int = 1,
+        timeout: float = 10.0,
+    ) -> negotiation_pb2.AddProcessSetResponse:
+        request = negotiation_pb2.AddProcessSetRequest(
+            job_id=job_id,
+            worker_id=worker_id,
+            generation=generation,
+            process_set_id=set_id,
+            ranks=list(ranks),
+            invalid=invalid,
+        )
+        return self.negotiation.AddProcessSet(request, metadata=self.metadata, timeout=timeout)
+
+    def remove_process_set(
+        self,
+        job_id: str,
+        worker_id: str,
+        set_id: int,
+        invalid: str = "",
+        generation: int = 1,
+        timeout: float = 10.0,
+    ) -> negotiation_pb2.RemoveProcessSetResponse:
+        request = negotiation_pb2.RemoveProcessSetRequest(
+            job_id=job_id,
+            worker_id=worker_id,
+            generation=generation,
+            process_set_id=set_id,
+            invalid=invalid,
+        )
+        return self.negotiation.RemoveProcessSet(request, metadata=self.metadata, timeout=timeout)
+
+
+def open_world(client: Client, size: int, **config) -> tuple[str, list[str], list[FakeStream]]:
+    """Joins ``size`` workers and opens their streams; job id, worker ids and streams by rank."""
+    job = new_job_id()
+    views = client.join_all(job, size, **config)
+    workers = [m.worker_id for m in views[0].members]
+    streams = [client.stream(job, worker, views[0].generation) for worker in workers]
+    return job, workers, streams
 
 
 class FakeStream:

@@ -9,11 +9,12 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import grpc
 import httpx
 import pytest
-from coordinator_clients import Client, new_job_id, tensor
+from coordinator_clients import Client, new_job_id, open_world, tensor, together
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.coordinator import CoordinatorProcess
 
@@ -266,15 +267,6 @@ def test_two_jobs_side_by_side(client):
 # ---- negotiation -----------------------------------------------------------------------
 
 
-def open_world(client, size, **config):
-    """Joins ``size`` workers and opens their streams; job id, worker ids and streams by rank."""
-    job = new_job_id()
-    views = client.join_all(job, size, **config)
-    workers = [m.worker_id for m in views[0].members]
-    streams = [client.stream(job, worker, views[0].generation) for worker in workers]
-    return job, workers, streams
-
-
 def test_every_rank_gets_the_same_ordered_responses(client):
     job, workers, streams = open_world(client, 3, fusion_threshold_bytes=64)
     rng = random.Random(7)
@@ -431,35 +423,46 @@ def remove_set(client, job, worker, set_id, generation=1):
     )
 
 
+def add_everywhere(client, job, workers, set_id, ranks, generation=1):
+    """Every rank calls AddProcessSet at once (a collective); each call's answer or error."""
+    return together(*(partial(add_set, client, job, w, set_id, ranks, generation) for w in workers))
+
+
+def remove_everywhere(client, job, workers, set_id, generation=1):
+    """Every rank calls RemoveProcessSet at once (a collective); each call's answer or error."""
+    return together(*(partial(remove_set, client, job, w, set_id, generation) for w in workers))
+
+
 def test_process_set_registration_errors(client):
     job, workers, streams = open_world(client, 3)
-    for worker in workers:
-        add_set(client, job, worker, 1, [0, 2])  # every rank calls it: idempotent
+    assert all(isinstance(r, npb.AddProcessSetResponse)
+               for r in add_everywhere(client, job, workers, 1, [0, 2]))  # every rank calls it
     for set_id, ranks, text in [
         (0, [0, 1], "at least 1"),
         (2, [1, 0], "ascending and distinct"),
         (2, [0, 3], "must lie in [0, 3)"),
         (1, [0, 1], "registered with ranks [0, 2], not [0, 1]"),
     ]:
-        err = code_of(add_set, client, job, workers[0], set_id, ranks)
-        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and text in err.details()
+        for err in add_everywhere(client, job, workers, set_id, ranks):  # fails on every rank
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and text in err.details()
     err = code_of(add_set, client, job, workers[0], 2, [0, 1], generation=7)
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     err = code_of(add_set, client, job, "stranger", 2, [0, 1])
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     err = code_of(add_set, client, "no-such-job", workers[0], 2, [0, 1])
     assert err.code() == grpc.StatusCode.NOT_FOUND
-    err = code_of(remove_set, client, job, workers[0], 0)
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    remove_set(client, job, workers[0], 9)  # unknown: idempotent
+    for err in remove_everywhere(client, job, workers, 0):
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert all(isinstance(r, npb.RemoveProcessSetResponse)
+               for r in remove_everywhere(client, job, workers, 9))  # unknown: idempotent
     for s in streams:
         s.cancel()
 
 
 def test_collectives_on_a_process_set_and_its_removal(client):
     job, workers, streams = open_world(client, 3)
-    for worker in workers:
-        add_set(client, job, worker, 1, [0, 2])
+    assert all(isinstance(r, npb.AddProcessSetResponse)
+               for r in add_everywhere(client, job, workers, 1, [0, 2]))
     streams[2].send(tensor("g", op=npb.OP_TYPE_ALLGATHER, shape=(5, 2), process_set_id=1))
     streams[0].send(tensor("g", op=npb.OP_TYPE_ALLGATHER, shape=(1, 2), process_set_id=1))
     for rank in (0, 2):
@@ -469,8 +472,8 @@ def test_collectives_on_a_process_set_and_its_removal(client):
     streams[1].assert_silent()
     streams[0].send(tensor("p", process_set_id=1))
     time.sleep(0.2)
-    for worker in workers:
-        remove_set(client, job, worker, 1)
+    assert all(isinstance(r, npb.RemoveProcessSetResponse)
+               for r in remove_everywhere(client, job, workers, 1))
     (resp,) = streams[0].responses()
     assert resp.type == npb.RESPONSE_TYPE_ERROR
     assert resp.error_message == "tensor 'p': process set 1 was removed"

@@ -78,3 +78,46 @@ def test_a_script_without_horarun_runs_as_a_world_of_one_without_a_coordinator(t
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "world of one: ok" in done.stdout
+
+
+PROCESS_SET_MISTAKES = textwrap.dedent("""
+    import hora.torch as hvd
+    import torch
+
+    hvd.init()
+    errors = []
+    for call in (lambda: hvd.add_process_set([0, 5]),
+                 lambda: hvd.remove_process_set(hvd.global_process_set)):
+        try:
+            call()
+        except ValueError as exc:  # hvd.InvalidCallError, as in a larger world
+            errors.append(f"{type(exc).__name__}: {exc}")
+    ps = hvd.add_process_set([0])
+    try:
+        hvd.add_process_set(ps)
+    except ValueError as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+    assert ps.process_set_id == 1, ps  # the failed calls took no id
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=ps).item() == 1.0
+    assert hvd.remove_process_set(ps) is True
+    assert hvd.remove_process_set(ps) is False  # no longer added
+    print("\\n".join(errors))
+    hvd.shutdown()
+""")
+
+
+def test_a_world_of_one_refuses_a_bad_process_set_call_as_a_larger_world_does(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HORA_", "HOROVOD_"))}
+    done = subprocess.run([sys.executable, "-c", PROCESS_SET_MISTAKES], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(
+        "InvalidCallError: add_process_set failed on every rank because of rank 0: "), lines
+    assert "[0, 5]" in lines[0], lines
+    assert lines[1] == ("InvalidCallError: remove_process_set failed on every rank because of "
+                        "rank 0: the global process set cannot be removed"), lines
+    assert lines[2].startswith("InvalidCallError: add_process_set failed on every rank because "
+                               "of rank 0: ProcessSet("), lines
+    assert lines[2].endswith("has already been added"), lines

@@ -154,22 +154,29 @@ class Engine:
         """The registered process set ``process_set_id`` (ValueError when unknown)."""
         return self._sets.get(process_set_id)
 
-    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None:
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int],
+                        invalid: str = "") -> None:
         """Registers a set with the coordinator and builds its CPU data plane.
 
-        Every rank calls this together; the members' process group forms
-        only once all of them have called it.
+        A collective: every rank calls this, and the coordinator answers every
+        rank alike once all have. ``invalid`` is this rank's own problem with
+        the call; it fails the call on every rank.
+
+        Raises:
+            InvalidCallError: some rank's call was invalid, or the calls differ.
+            StallError: some rank did not call within the stall shutdown time.
+            RankLostError: a rank left or was lost while the call waited.
         """
         ranks = sorted(ranks)
-        self._client.add_process_set(self.world.generation, process_set_id, ranks)
+        self._client.add_process_set(self.world.generation, process_set_id, ranks, invalid)
         self._sets.add(process_set_id, ranks)
 
-    def remove_process_set(self, process_set_id: int) -> None:
-        try:
-            self._sets.get(process_set_id)
-        except ValueError:
-            return
-        self._client.remove_process_set(self.world.generation, process_set_id)
+    def remove_process_set(self, process_set_id: int, invalid: str = "") -> None:
+        """Unregisters a set on every rank; a collective like :meth:`add_process_set`.
+
+        ``process_set_id`` is -1 when this rank never added the set.
+        """
+        self._client.remove_process_set(self.world.generation, process_set_id, invalid)
         self._sets.remove(process_set_id)
 
     def shutdown(self, timeout: timedelta = timedelta(seconds=10), rejoin: bool = False) -> None:

@@ -49,11 +49,17 @@ def start_embedded_coordinator(host: str, token: str, http_port: int = 0
 
 
 class LocalNegotiation(Protocol):
-    """The coordinator's negotiation for a world of one (see :func:`local_negotiation`)."""
+    """The coordinator's negotiation for a world of one (see :func:`local_negotiation`).
 
-    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None: ...
+    Process set calls are decided at once, as the coordinator decides them once
+    every rank has called; a refused call raises the coordinator's own error,
+    whose message is the one every rank of a larger world would get.
+    """
 
-    def remove_process_set(self, process_set_id: int
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int],
+                        invalid: str = "") -> None: ...
+
+    def remove_process_set(self, process_set_id: int, invalid: str = ""
                            ) -> list[negotiation_pb2.CoordinatorMessage]: ...
 
     def submit(self, requests: Iterable[negotiation_pb2.TensorRequest]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,8 +10,8 @@ import torch
 from hora_native import xccl_built
 
 from .. import _runtime
-from .._ops import OpType, ReduceOp
-from ..engine import Entry, Handle, HandleMap
+from .._ops import ReduceOp
+from ..engine import Handle, HandleMap
 from ..errors import InvalidCallError
 
 __all__ = [
@@ -97,9 +96,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Registers a process set; every rank of the world must call it, in the same order.
 
-    The ranks compare their calls before anything is registered, so a mistake
-    made on one rank raises the same ValueError on every rank instead of
-    leaving the others waiting.
+    A collective: the coordinator answers once every rank has called, and
+    answers every rank alike. A mistake made on one rank (sent along as this
+    rank's problem with the call) raises the same ValueError on every rank
+    instead of leaving the others waiting.
 
     Returns:
         The registered set (the one given, or a new one for a list of ranks).
@@ -107,22 +107,22 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     Raises:
         ValueError: the ranks are out of range or repeated, the set was already
             added, or ranks passed different sets (on any rank).
+        HorovodInternalError: some rank did not call within the stall shutdown
+            time (StallError), or a rank left or was lost (RankLostError).
     """
-    problem = None
+    problem = ""
     pset: ProcessSet | None = None
     try:
         pset = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     except (TypeError, ValueError) as exc:
         problem = f"{process_set!r} is not a list of ranks: {exc}"
     if pset is not None:
-        problem = _process_set_problem(pset)
+        problem = _process_set_problem(pset) or ""
     runtime = _runtime.current()
     set_id = runtime.next_process_set_id
-    ranks = pset.ranks if pset is not None and problem is None else None
-    _raise_on_any_rank("add_process_set",
-                       _every_ranks_call(f"add_process_set.{set_id}", ranks, problem))
-    assert pset is not None and ranks is not None  # else every rank raised above
-    runtime.engine.add_process_set(set_id, ranks)
+    ranks = pset.ranks if pset is not None and pset.ranks is not None and not problem else []
+    runtime.engine.add_process_set(set_id, ranks, invalid=problem)
+    assert pset is not None  # else the coordinator failed the call on every rank
     runtime.next_process_set_id += 1
     pset.process_set_id = set_id
     pset._runtime = runtime
@@ -138,48 +138,27 @@ def _process_set_problem(process_set: ProcessSet) -> str | None:
     return None
 
 
-def _every_ranks_call(name: str, arg: Any, problem: str | None
-                      ) -> list[tuple[Any, str | None]]:
-    """Every rank's (argument, problem or None), in rank order.
-
-    An allgather of each rank's call as one JSON line, through the engine
-    (no pickle: the calls are plain lists, numbers and strings).
-    """
-    line = json.dumps([arg, problem]).encode() + b"\n"
-    data = torch.frombuffer(bytearray(line), dtype=torch.uint8)
-    entry = Entry(name=name, op_type=OpType.ALLGATHER, buffer=data, handle=Handle(name))
-    gathered = _runtime.current().engine.enqueue(entry).wait()
-    return [tuple(json.loads(part)) for part in gathered.numpy().tobytes().splitlines()]
-
-
-def _raise_on_any_rank(call: str, calls: list[tuple[Any, str | None]]) -> None:
-    """Raises on every rank alike when any rank's call was bad or the calls differ.
-
-    ``calls`` holds each rank's (argument, problem or None), in rank order.
-    """
-    problems = [f"rank {r}: {problem}" for r, (_arg, problem) in enumerate(calls) if problem]
-    if problems:
-        raise InvalidCallError(f"{call} failed on every rank because of " + "; ".join(problems))
-    if any(arg != calls[0][0] for arg, _problem in calls):
-        detail = "; ".join(f"rank {r}: {arg}" for r, (arg, _problem) in enumerate(calls))
-        raise InvalidCallError(f"ranks called {call} with different sets: {detail}")
+# RemoveProcessSetRequest.process_set_id of a set this rank never added.
+_NOT_ADDED = -1
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregisters a process set on every rank (all ranks call it). Returns whether it existed.
 
+    A collective, answered alike on every rank as :func:`add_process_set` is.
+
     Raises:
         ValueError: a rank passed the global set, or ranks passed different sets
             (on every rank).
+        HorovodInternalError: as for :func:`add_process_set`.
     """
     set_id = current_set_id(process_set)
     problem = "the global process set cannot be removed" \
-        if process_set is global_process_set or set_id == 0 else None
-    name = _runtime.current().auto_name("remove_process_set")
-    _raise_on_any_rank("remove_process_set", _every_ranks_call(name, set_id, problem))
+        if process_set is global_process_set or set_id == 0 else ""
+    _runtime.current().engine.remove_process_set(
+        _NOT_ADDED if set_id is None else set_id, invalid=problem)
     if set_id is None:
         return False
-    _runtime.current().engine.remove_process_set(set_id)
     process_set.process_set_id = None
     return True
 

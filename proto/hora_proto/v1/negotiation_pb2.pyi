@@ -89,34 +89,38 @@ EVENT_TYPE_JOB_FAILED: EventType
 EVENT_TYPE_STALL_WARNING: EventType
 
 class AddProcessSetRequest(_message.Message):
-    __slots__ = ("job_id", "worker_id", "generation", "process_set_id", "ranks")
+    __slots__ = ("job_id", "worker_id", "generation", "process_set_id", "ranks", "invalid")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PROCESS_SET_ID_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
+    INVALID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: str
     generation: int
     process_set_id: int
     ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., process_set_id: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    invalid: str
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., process_set_id: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., invalid: _Optional[str] = ...) -> None: ...
 
 class AddProcessSetResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class RemoveProcessSetRequest(_message.Message):
-    __slots__ = ("job_id", "worker_id", "generation", "process_set_id")
+    __slots__ = ("job_id", "worker_id", "generation", "process_set_id", "invalid")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PROCESS_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    INVALID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: str
     generation: int
     process_set_id: int
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., process_set_id: _Optional[int] = ...) -> None: ...
+    invalid: str
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., process_set_id: _Optional[int] = ..., invalid: _Optional[str] = ...) -> None: ...
 
 class RemoveProcessSetResponse(_message.Message):
     __slots__ = ()

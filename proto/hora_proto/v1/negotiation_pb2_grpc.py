@@ -65,23 +65,47 @@ class NegotiationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AddProcessSet(self, request, context):
-        """Registers a process set of the caller's generation. Every rank of the
-        world calls it with the same id and ranks (hvd.add_process_set is
-        collective); the first call registers the set and the others confirm
-        it, so a rank's later requests on the set find it registered.
-        Errors: INVALID_ARGUMENT for id 0, ranks that are empty, unsorted,
-        repeated or outside [0, size), or an id already registered with other
-        ranks; FAILED_PRECONDITION for a caller that is not an active member of
-        that generation.
+        """Registers a process set of the caller's generation. A collective: every
+        rank of the generation calls it (hvd.add_process_set), each with its own
+        view of the call, and each call waits until every rank has called. The
+        coordinator then decides once and answers every call alike: the set is
+        registered and every call succeeds, or every call fails with the same
+        message. So a mistake made on one rank fails the call on all of them
+        instead of leaving the others waiting.
+        Errors (the same on every rank of the call):
+        INVALID_ARGUMENT: some rank sent `invalid` (the message quotes each such
+        rank's text: "add_process_set failed on every rank because of rank 1:
+        ..."), the ranks sent different ids or ranks ("ranks called
+        add_process_set with different sets: rank 0: [0, 1]; rank 1: [0, 2]"),
+        or the set itself is refused: id below 1, ranks that are empty,
+        unsorted, repeated or outside [0, size), or an id already registered
+        (or removed in this generation) with other ranks.
+        DEADLINE_EXCEEDED: some ranks did not call within the job's stall
+        shutdown time (JoinRequest.stall_shutdown_ms, counted from the first
+        call); the message names them. With a stall shutdown time of 0 only
+        the callers' own gRPC deadlines bound the wait.
+        FAILED_PRECONDITION: the caller is not an active member of that
+        generation, or the call can never complete: a member of the
+        generation left or was lost (before or while the call waited), or
+        the generation or the job ended. The message names the member.
+        A second call of a rank that already waits replaces its waiting call
+        (which ends ABORTED); a call its caller cancels (or whose gRPC deadline
+        passes) stops waiting, and the others wait on for that rank.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RemoveProcessSet(self, request, context):
-        """Removes a process set (idempotent). Its pending tensors fail with an
-        ERROR response ("process set N was removed"); later requests on it get
-        the unknown-process-set error.
+        """Removes a process set. A collective like AddProcessSet, with the same
+        waiting, deadline and errors: every rank calls it, and once all have,
+        the set is removed and every call succeeds, or every call fails alike
+        (INVALID_ARGUMENT when some rank sent `invalid`, the ranks named
+        different sets, or the set is 0). Removing an id the coordinator does
+        not know succeeds (idempotent), and so does a call in which every rank
+        sends -1. The removed set's pending tensors fail with an ERROR response
+        ("process set N was removed"); later requests on it get the
+        unknown-process-set error.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

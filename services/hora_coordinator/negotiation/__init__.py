@@ -14,7 +14,10 @@ allreduce always go out together in one response.
 
 Process sets other than 0 are registered by :meth:`NegotiationTable.add_process_set`;
 a set's collectives order its ranks by the ascending ``ranks`` list (first_dims,
-the alltoall matrix) and are answered to its members only.
+the alltoall matrix) and are answered to its members only. The AddProcessSet
+and RemoveProcessSet calls are collectives of every rank:
+:meth:`NegotiationTable.call_process_set` gathers them and decides once
+(:mod:`.set_calls`).
 
 ``hvd.join()``: a rank that sends an ``OP_TYPE_JOIN`` request is *joined*
 until every rank of the world has joined. While it is, a tensor is ready once
@@ -25,20 +28,27 @@ last rank joins, every rank gets one ``RESPONSE_TYPE_JOIN`` and the joined state
 is cleared.
 
 The package's modules, by stage: :mod:`.pending` (what waits), :mod:`.validation`
-(do the ranks agree), :mod:`.responses` (answers, fusion), :mod:`.table` (the
-table that ties them together).
+(do the ranks agree), :mod:`.responses` (answers, fusion), :mod:`.set_calls`
+(process set calls gathered from every rank), :mod:`.table` (the table that
+ties them together).
 """
 
 from __future__ import annotations
 
 from .pending import PendingTensor, SetMembers, request_nbytes
+from .set_calls import NOT_ADDED, SetCall, SetCallKind, SetCallResult, SetCalls
 from .table import NegotiationTable, Outcome
 from .validation import format_ranks
 
 __all__ = [
+    "NOT_ADDED",
     "NegotiationTable",
     "Outcome",
     "PendingTensor",
+    "SetCall",
+    "SetCallKind",
+    "SetCallResult",
+    "SetCalls",
     "SetMembers",
     "format_ranks",
     "request_nbytes",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, RankGoneError
 from ..messages import ErrorKind, OpType, Response, ResponseList, TensorRequest
 from .pending import PendingTensor, SetMembers
 from .responses import (
@@ -24,6 +24,7 @@ from .responses import (
     respond_group,
     respond_tensor,
 )
+from .set_calls import NOT_ADDED, SetCall, SetCallKind, SetCallResult, SetCalls, disagreement
 
 __all__ = ["NegotiationTable", "Outcome"]
 
@@ -79,6 +80,8 @@ class NegotiationTable:
         # Ids removed in this generation, with their ranks: a late Add from a rank
         # that had not confirmed yet must not bring the set back.
         self._removed: dict[int, tuple[int, ...]] = {}
+        # AddProcessSet / RemoveProcessSet calls waiting for the other ranks.
+        self.set_calls = SetCalls(size)
 
     # ---- process sets --------------------------------------------------------------
 
@@ -126,6 +129,48 @@ class NegotiationTable:
                 self._broken_sets.setdefault(pset.id, reason)
                 break
         return True
+
+    def call_process_set(self, call: SetCall, now: float) -> SetCallResult | None:
+        """Records one rank's AddProcessSet (RemoveProcessSet) call; decides once all ranks called.
+
+        The decision answers every caller alike: the calls fail when some
+        rank found a problem with its own call or the ranks named different
+        sets (:func:`.set_calls.disagreement`), or when this table refuses the
+        set (:meth:`add_process_set`, :meth:`remove_process_set`); otherwise
+        the set is registered (removed). A call made once a rank has departed
+        can never complete: it fails at once, answering its caller only.
+
+        Returns:
+            The result, or None while some rank has not called.
+        """
+        if self._departed:
+            reason = next(iter(self._departed.values()))
+            return SetCallResult(
+                call.kind,
+                (call.rank,),
+                RankGoneError(f"{call.kind.value} cannot complete: {reason}"),
+                call.process_set_id,
+            )
+        calls = self.set_calls.gather(call, now)
+        if calls is None:
+            return None
+        callers = tuple(c.rank for c in calls)
+        set_id, ranks = calls[0].process_set_id, calls[0].ranks
+        problem = disagreement(calls)
+        if problem is not None:
+            return SetCallResult(call.kind, callers, InvalidRequestError(problem), set_id)
+        try:
+            if call.kind is SetCallKind.ADD:
+                added = self.add_process_set(set_id, ranks)
+                return SetCallResult(call.kind, callers, None, set_id, added, ranks)
+            if set_id == NOT_ADDED:
+                return SetCallResult(call.kind, callers, None, set_id)
+            known = set_id in self.process_sets
+            failed = self.remove_process_set(set_id)
+            return SetCallResult(call.kind, callers, None, set_id, known, failed=failed)
+        except InvalidRequestError as exc:
+            error = InvalidRequestError(f"{call.kind.value} failed on every rank: {exc}")
+            return SetCallResult(call.kind, callers, error, set_id)
 
     def remove_process_set(self, process_set_id: int) -> dict[int, list[Response]]:
         """Removes a set (idempotent); its pending tensors fail.

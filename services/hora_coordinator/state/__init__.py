@@ -37,7 +37,8 @@ The package's modules, one per stage: :mod:`.job` (the records),
 :mod:`.rendezvous` (Join), :mod:`.generations` (forming a generation, failing a
 job), :mod:`.elastic` (elastic bounds, ends of generations, round deadlines),
 :mod:`.departures` (Leave and losses), :mod:`.liveness` (heartbeats, the
-periodic check), :mod:`.streams` (negotiation streams and process sets) and
+periodic check), :mod:`.streams` (negotiation streams), :mod:`.process_sets`
+(AddProcessSet and RemoveProcessSet, collectives of every member) and
 :mod:`.views` (world views, heartbeat replies, the event log). The transitions
 take and return plain objects (:mod:`hora_coordinator.messages`, :mod:`.views`);
 :mod:`hora_coordinator.wire` converts them to and from protobuf.
@@ -46,7 +47,7 @@ take and return plain objects (:mod:`hora_coordinator.messages`, :mod:`.views`);
 from __future__ import annotations
 
 from .departures import LossDecision, decide_after_loss, leave, stream_closed
-from .effects import Admit, Effect, Log, NewGeneration, Reject, Send
+from .effects import Admit, Answer, Effect, Log, NewGeneration, Reject, Send
 from .generations import elastic_order, order_joiners
 from .job import (
     DEFAULT_ELASTIC_TIMEOUT_S,
@@ -63,8 +64,15 @@ from .job import (
     new_job,
 )
 from .liveness import check, heartbeat
+from .process_sets import (
+    add_process_set,
+    call_add_process_set,
+    call_remove_process_set,
+    remove_process_set,
+    withdraw_set_call,
+)
 from .rendezvous import cancel_join, join
-from .streams import add_process_set, handle_requests, open_stream, remove_process_set
+from .streams import handle_requests, open_stream
 from .views import (
     HeartbeatReply,
     WorldMember,
@@ -79,6 +87,7 @@ __all__ = [
     "DEFAULT_ELASTIC_TIMEOUT_S",
     "EVENT_LOG_LIMIT",
     "Admit",
+    "Answer",
     "Effect",
     "ElasticBounds",
     "HeartbeatReply",
@@ -98,6 +107,8 @@ __all__ = [
     "WorldMember",
     "WorldView",
     "add_process_set",
+    "call_add_process_set",
+    "call_remove_process_set",
     "cancel_join",
     "check",
     "decide_after_loss",
@@ -114,5 +125,6 @@ __all__ = [
     "remove_process_set",
     "report_event",
     "stream_closed",
+    "withdraw_set_call",
     "world_view",
 ]

@@ -11,6 +11,7 @@ from .effects import Effect, Log, Reject, Send, event_message, send_by_rank
 from .elastic import end_generation
 from .generations import fail_job, maybe_form
 from .job import Job, JobPhase, Member, MemberState, Round, record
+from .process_sets import abandon_set_calls
 from .rendezvous import cancel_join
 
 __all__ = [
@@ -26,8 +27,9 @@ __all__ = [
 def leave(job: Job, worker_id: str, reason: str, now: float, rejoin: bool = False) -> list[Effect]:
     """A worker leaves on purpose (idempotent).
 
-    Pending tensors the leaver never submitted fail on the ranks that did; the
-    others get MEMBER_LEFT. When the last member leaves the job is FINISHED and
+    Pending tensors the leaver never submitted fail on the ranks that did, and
+    so do the process set calls waiting for every rank; the others get
+    MEMBER_LEFT. When the last member leaves the job is FINISHED and
     a complete waiting round forms the next generation.
 
     With ``rejoin`` (elastic jobs only; ignored otherwise) the member leaves
@@ -71,9 +73,10 @@ def leave(job: Job, worker_id: str, reason: str, now: float, rejoin: bool = Fals
     ]
     if job.phase is not JobPhase.RUNNING:
         return effects
-    gone = "left for an elastic reset" if rejoin else "has shut down"
-    failed = job.table.depart(member.rank, f"{member.describe()} {gone}")
+    gone = f"{member.describe()} " + ("left for an elastic reset" if rejoin else "has shut down")
+    failed = job.table.depart(member.rank, gone)
     effects.extend(send_by_rank(job, failed))
+    effects.extend(abandon_set_calls(job, gone))
     others = job.active_worker_ids()
     if others:
         effects.append(

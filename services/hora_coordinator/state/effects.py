@@ -6,11 +6,13 @@ from dataclasses import dataclass
 
 from ..errors import CoordinatorError
 from ..messages import CoordinatorMessage, Event, EventType, Response, ResponseList
+from ..negotiation import SetCallKind
 from .job import Job, Member, MemberState
 from .views import WorldView
 
 __all__ = [
     "Admit",
+    "Answer",
     "Effect",
     "Log",
     "NewGeneration",
@@ -47,6 +49,18 @@ class Reject:
 
 
 @dataclass(frozen=True)
+class Answer:
+    """Answer these workers' waiting process set calls of ``kind``.
+
+    With success when ``error`` is None, else every one of them with ``error``.
+    """
+
+    worker_ids: tuple[str, ...]
+    kind: SetCallKind
+    error: CoordinatorError | None = None
+
+
+@dataclass(frozen=True)
 class Send:
     """Queue one message on the negotiation stream of each of these workers."""
 
@@ -62,7 +76,7 @@ class Log:
     message: str
 
 
-Effect = NewGeneration | Admit | Reject | Send | Log
+Effect = NewGeneration | Admit | Reject | Answer | Send | Log
 
 
 def event_message(

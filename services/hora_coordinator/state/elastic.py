@@ -20,6 +20,7 @@ from .job import (
     record,
     round_config,
 )
+from .process_sets import abandon_set_calls
 
 __all__ = [
     "check_round",
@@ -104,7 +105,11 @@ def join_elastic(
 
 
 def end_generation(job: Job, now: float, why: str) -> list[Effect]:
-    """An elastic generation is over: open the round that expects its survivors."""
+    """An elastic generation is over: open the round that expects its survivors.
+
+    Process set calls still waiting fail (``why`` says why).
+    """
+    effects: list[Effect] = abandon_set_calls(job, why)
     job.table.clear()
     job.phase = JobPhase.GATHERING
     previous = {
@@ -118,13 +123,13 @@ def end_generation(job: Job, now: float, why: str) -> list[Effect]:
     rnd.previous, rnd.expected = previous, set(previous)
     rnd.opened_at, rnd.wait_for, rnd.follows_generation = now, 0, True
     newcomers = len(rnd.joiners)
-    effects: list[Effect] = [
+    effects.append(
         Log(
             logging.INFO,
             f"job '{job.job_id}': generation {job.generation} is over ({why}); the next "
             f"round expects {len(previous)} member(s) to re-join, {newcomers} newcomer(s) wait",
         )
-    ]
+    )
     effects.extend(maybe_form(job, now))
     return effects
 

@@ -12,6 +12,7 @@ from ..messages import EventType
 from ..negotiation import NegotiationTable
 from .effects import Admit, Effect, Log, NewGeneration, Reject, Send, event_message
 from .job import Job, JobPhase, Joiner, Member, Round, record
+from .process_sets import abandon_set_calls
 from .views import world_members, world_view
 
 __all__ = [
@@ -128,12 +129,13 @@ def form_generation(job: Job, rnd: Round, now: float) -> list[Effect]:
 
 
 def fail_job(job: Job, failure: str, now: float) -> list[Effect]:
-    """The job is FAILED: tell the members, refuse the waiting joiners."""
+    """The job is FAILED: tell the members, fail their waiting process set calls,
+    refuse the waiting joiners."""
+    effects: list[Effect] = abandon_set_calls(job, failure)
     job.phase = JobPhase.FAILED
     job.failure = failure
     job.table.clear()
     record(job, now, "failed", failure)
-    effects: list[Effect] = []
     others = job.active_worker_ids()
     if others:
         effects.append(

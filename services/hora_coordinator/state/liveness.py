@@ -11,6 +11,7 @@ from .effects import Effect, Log, Send, event_message
 from .elastic import check_round
 from .generations import fail_job
 from .job import Job, JobPhase, MemberState
+from .process_sets import overdue_set_calls
 from .views import JOB_STATE, HeartbeatReply
 
 __all__ = [
@@ -42,7 +43,8 @@ def heartbeat(job: Job, worker_id: str, now: float, lease_s: float) -> Heartbeat
 
 
 def check(job: Job, now: float, lease_s: float) -> list[Effect]:
-    """The periodic check: expired leases, then stalled tensors; elastic rounds' deadlines."""
+    """The periodic check: expired leases, overdue process set calls, then stalled
+    tensors; elastic rounds' deadlines."""
     if job.phase is not JobPhase.RUNNING and job.elastic is not None and job.round is not None:
         return check_round(job, job.elastic, job.round, now, lease_s)
     if job.phase is not JobPhase.RUNNING:
@@ -56,6 +58,7 @@ def check(job: Job, now: float, lease_s: float) -> list[Effect]:
             )
             if job.phase is not JobPhase.RUNNING:
                 return effects
+    effects.extend(overdue_set_calls(job, now))
     config = job.config
     if config is None or (config.stall_warning_s <= 0 and config.stall_shutdown_s <= 0):
         return effects

@@ -1,22 +1,18 @@
-"""A member's negotiation stream: opening it, its requests, process sets."""
+"""A member's negotiation stream: opening it, its requests."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from ..errors import JobFailedError, PreconditionError, StaleGenerationError
 from ..messages import CoordinatorMessage, ErrorKind, Response, ResponseType, TensorRequest
-from ..negotiation import format_ranks
-from .effects import Effect, Log, Send, responses_message, send_by_rank
+from .effects import Effect, Send, responses_message
 from .job import Job, JobPhase, Member, MemberState
 
 __all__ = [
     "active_member",
-    "add_process_set",
     "handle_requests",
     "open_stream",
-    "remove_process_set",
 ]
 
 
@@ -55,52 +51,6 @@ def active_member(job: Job, worker_id: str, generation: int) -> Member:
             f"'{job.job_id}' generation {generation}"
         )
     return member
-
-
-def add_process_set(
-    job: Job, worker_id: str, generation: int, process_set_id: int, ranks: list[int]
-) -> list[Effect]:
-    """Registers a process set of the caller's generation (every rank calls it; idempotent).
-
-    Raises:
-        InvalidRequestError: id 0, bad ranks, or the id is taken by other ranks.
-        JobFailedError, StaleGenerationError, PreconditionError: the caller is
-            not an ACTIVE member of the running generation ``generation``.
-    """
-    active_member(job, worker_id, generation)
-    if not job.table.add_process_set(process_set_id, ranks):
-        return []
-    return [
-        Log(
-            logging.INFO,
-            f"job '{job.job_id}' generation {job.generation}: process set {process_set_id} "
-            f"added with ranks {format_ranks(ranks)}",
-        )
-    ]
-
-
-def remove_process_set(
-    job: Job, worker_id: str, generation: int, process_set_id: int
-) -> list[Effect]:
-    """Removes a process set (idempotent); its pending tensors fail on their submitters.
-
-    Raises:
-        InvalidRequestError: ``process_set_id`` is 0.
-        JobFailedError, StaleGenerationError, PreconditionError: the caller is
-            not an ACTIVE member of the running generation ``generation``.
-    """
-    active_member(job, worker_id, generation)
-    if process_set_id not in job.table.process_sets and process_set_id != 0:
-        return []
-    failed = job.table.remove_process_set(process_set_id)
-    effects: list[Effect] = [
-        Log(
-            logging.INFO,
-            f"job '{job.job_id}' generation {job.generation}: process set {process_set_id} removed",
-        )
-    ]
-    effects.extend(send_by_rank(job, failed))
-    return effects
 
 
 def handle_requests(
