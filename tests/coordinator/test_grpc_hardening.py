@@ -1,0 +1,78 @@
+"""Hostile or odd input over real gRPC: each is refused alone, the job and the coordinator stay up.
+
+A real coordinator process; fake workers on the stubs (``coordinator_clients``).
+"""
+
+from __future__ import annotations
+
+import grpc
+import httpx
+import pytest
+from coordinator_clients import Client, open_world, tensor
+from support.coordinator import CoordinatorProcess
+
+from hora_proto.v1 import negotiation_pb2 as npb
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """One coordinator for the module; every test uses its own job id."""
+    with CoordinatorProcess(["--lease-s", "30"]) as proc:
+        yield proc
+        proc.stop()
+        proc.dump_log()
+
+
+@pytest.fixture
+def client(shared):
+    c = Client(shared.grpc_address, shared.token)
+    yield c
+    c.close()
+
+
+def code_of(call, *args, **kwargs) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, **kwargs)
+    return info.value
+
+
+def job_state(shared, job: str) -> str:
+    return httpx.get(f"{shared.http_url}/api/v1/jobs/{job}", timeout=5).json()["state"]
+
+
+# ---- enum values the coordinator does not know -----------------------------------------
+
+UNKNOWN_OP, UNKNOWN_REDUCE = 99, 77
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "says"),
+    [
+        ({"op": UNKNOWN_OP}, {"op": UNKNOWN_OP}, "op_type 99"),
+        ({"op": UNKNOWN_OP}, {}, "op_type"),
+        ({"reduce_op": UNKNOWN_REDUCE}, {"reduce_op": UNKNOWN_REDUCE}, "reduce_op 77"),
+        ({}, {"reduce_op": UNKNOWN_REDUCE}, "reduce_op"),
+    ],
+    ids=["op-both", "op-one", "reduce-both", "reduce-one"],
+)
+def test_unknown_enum_value_fails_that_tensor_only(client, shared, first, second, says):
+    job, workers, streams = open_world(client, 2)
+    streams[0].send(tensor("odd", **first))
+    streams[1].send(tensor("odd", **second))
+    for s in streams:
+        (resp,) = s.responses()
+        assert resp.type == npb.RESPONSE_TYPE_ERROR
+        assert list(resp.tensor_names) == ["odd"]
+        assert says in resp.error_message and "'odd'" in resp.error_message
+    assert job_state(shared, job) == "running"
+    for s in streams:  # the streams and the job stay up: the next request works
+        s.send(tensor("next"))
+    for s in streams:
+        (resp,) = s.responses()
+        assert resp.type == npb.RESPONSE_TYPE_ALLREDUCE and list(resp.tensor_names) == ["next"]
+    assert "Traceback" not in shared.log()
+    for worker, s in zip(workers, streams, strict=True):
+        client.leave(job, worker)
+        s.close()
