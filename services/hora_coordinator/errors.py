@@ -3,6 +3,7 @@
     CoordinatorError
      +-- InvalidRequestError        the request contradicts the job (INVALID_ARGUMENT)
      |    +-- RoundFullError        the next round already has every joiner it needs
+     +-- OutOfRangeError            a store integer would leave int64 (OUT_OF_RANGE)
      +-- UnknownError               a job, worker or key does not exist (NOT_FOUND)
      +-- PreconditionError          the job is not in a state that allows it
      |    |                         (FAILED_PRECONDITION)
@@ -31,6 +32,7 @@ __all__ = [
     "InvalidRequestError",
     "JobFailedError",
     "KeyTimeoutError",
+    "OutOfRangeError",
     "PreconditionError",
     "RankGoneError",
     "RoundFullError",
@@ -52,6 +54,11 @@ class InvalidRequestError(CoordinatorError):
 
 class RoundFullError(InvalidRequestError):
     """Raised when a Join arrives for a round that already has all its joiners."""
+
+
+class OutOfRangeError(CoordinatorError):
+    """Raised when a store Add would make (or reads) an integer outside int64, the
+    range the wire carries; the key keeps its value."""
 
 
 class UnknownError(CoordinatorError):

@@ -36,6 +36,7 @@ from .errors import (
     CoordinatorError,
     InvalidRequestError,
     KeyTimeoutError,
+    OutOfRangeError,
     PreconditionError,
     SupersededError,
     UnknownError,
@@ -59,6 +60,7 @@ _PROTECTED_PREFIX = "/hora.v1."
 _STATUS: tuple[tuple[type[CoordinatorError], grpc.StatusCode], ...] = (
     (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (OutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
     (UnknownError, grpc.StatusCode.NOT_FOUND),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (AlreadyOpenError, grpc.StatusCode.ALREADY_EXISTS),

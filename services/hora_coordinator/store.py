@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from .errors import InvalidRequestError, KeyTimeoutError, UnknownError
+from .errors import InvalidRequestError, KeyTimeoutError, OutOfRangeError, UnknownError
 
 __all__ = ["KeyValueStore"]
+
+# Add's integers travel as int64 (StoreAddRequest.amount, StoreAddResponse.value).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class KeyValueStore:
@@ -99,8 +102,11 @@ class KeyValueStore:
     def add(self, key: str, amount: int) -> int:
         """Adds ``amount`` to the integer at ``key`` (0 when absent); the new value.
 
+        Checks before writing: a refused Add leaves the key as it was.
+
         Raises:
             InvalidRequestError: the stored value is not a decimal integer.
+            OutOfRangeError: the new value would not fit in int64.
         """
         raw = self._data.get(key, b"0")
         try:
@@ -109,6 +115,11 @@ class KeyValueStore:
             raise InvalidRequestError(
                 f"key '{key}' holds {raw[:32]!r}, which is not a decimal integer"
             ) from None
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise OutOfRangeError(
+                f"adding {amount} to key '{key}' of job '{self.job_id}' gives a value "
+                f"outside int64; the key keeps {raw[:32]!r}"
+            )
         self.set(key, str(value).encode("ascii"))
         return value
 

@@ -12,6 +12,7 @@ from coordinator_clients import Client, open_world, tensor
 from support.coordinator import CoordinatorProcess
 
 from hora_proto.v1 import negotiation_pb2 as npb
+from hora_proto.v1 import store_pb2
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 
@@ -76,3 +77,34 @@ def test_unknown_enum_value_fails_that_tensor_only(client, shared, first, second
     for worker, s in zip(workers, streams, strict=True):
         client.leave(job, worker)
         s.close()
+
+
+# ---- store -----------------------------------------------------------------------------
+
+INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
+
+
+def test_store_add_past_int64_is_out_of_range_and_keeps_the_value(client):
+    job = open_world(client, 1)[0]
+    md, s = client.metadata, client.store
+
+    def add(key: str, amount: int) -> int:
+        request = store_pb2.StoreAddRequest(job_id=job, key=key, amount=amount)
+        return s.Add(request, metadata=md, timeout=5).value
+
+    def get(key: str) -> bytes:
+        request = store_pb2.StoreGetRequest(job_id=job, key=key)
+        return s.Get(request, metadata=md, timeout=5).value
+
+    assert add("n", INT64_MAX) == INT64_MAX
+    err = code_of(add, "n", 1)
+    assert err.code() == grpc.StatusCode.OUT_OF_RANGE and "'n'" in err.details()
+    assert get("n") == str(INT64_MAX).encode()
+    assert add("neg", INT64_MIN) == INT64_MIN
+    assert code_of(add, "neg", -1).code() == grpc.StatusCode.OUT_OF_RANGE
+    assert get("neg") == str(INT64_MIN).encode()
+    # A value Set by hand that no int64 holds: Add refuses it before writing too.
+    s.Set(store_pb2.StoreSetRequest(job_id=job, key="big", value=b"9" * 30), metadata=md, timeout=5)
+    assert code_of(add, "big", 0).code() == grpc.StatusCode.OUT_OF_RANGE
+    assert get("big") == b"9" * 30
+    assert add("n", -1) == INT64_MAX - 1  # the key still works
