@@ -19,7 +19,7 @@
      +-- AuthenticationError       the job token is missing or wrong (UNAUTHENTICATED)
 
 The state transitions and the store raise these; the gRPC layer turns them
-into status codes in exactly one place (``servicer.status_for``).
+into status codes in exactly one place (``servicer.status_for``; ``auth`` refuses before decoding).
 """
 
 from __future__ import annotations

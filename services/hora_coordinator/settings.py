@@ -36,6 +36,9 @@ class CoordinatorSettings:
         job_retention: How long a job that finished or failed stays (in the
             API, the metrics and memory) once nothing of it is left running;
             a long-lived coordinator would otherwise keep every job for ever.
+        refusal_log_interval: At most one log line per kind of refused call
+            (missing token, wrong token, undecodable bytes) per interval; the
+            next line counts the ones left out. 0 logs every refusal.
         log_level: Name of a :mod:`logging` level.
     """
 
@@ -46,6 +49,7 @@ class CoordinatorSettings:
     lease: timedelta = timedelta(seconds=10)
     stall_check_interval: timedelta = timedelta(seconds=1)
     job_retention: timedelta = timedelta(hours=1)
+    refusal_log_interval: timedelta = timedelta(seconds=10)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -56,8 +60,9 @@ class CoordinatorSettings:
         for name in ("lease", "stall_check_interval"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.job_retention < timedelta(0):
-            raise ValueError(f"job_retention must not be negative, got {self.job_retention}")
+        for name in ("job_retention", "refusal_log_interval"):
+            if getattr(self, name) < timedelta(0):
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.log_level.upper() not in _LOG_LEVELS:
             raise ValueError(
                 f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}"
@@ -115,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         "is left (default %(default)s)",
     )
     parser.add_argument(
+        "--refusal-log-interval-s",
+        type=float,
+        default=10.0,
+        help="at most one log line per kind of refused call per this many seconds; "
+        "the next line counts the ones left out (default %(default)s)",
+    )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         default=None,
@@ -150,6 +162,7 @@ def parse_command_line(
             lease=timedelta(seconds=args.lease_s),
             stall_check_interval=timedelta(seconds=args.stall_check_interval_s),
             job_retention=timedelta(seconds=args.job_retention_s),
+            refusal_log_interval=timedelta(seconds=args.refusal_log_interval_s),
             log_level=log_level,
         )
     except ValueError as exc:

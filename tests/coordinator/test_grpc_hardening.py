@@ -5,6 +5,9 @@ A real coordinator process; fake workers on the stubs (``coordinator_clients``).
 
 from __future__ import annotations
 
+import re
+import time
+
 import grpc
 import httpx
 import pytest
@@ -12,7 +15,7 @@ from coordinator_clients import Client, open_world, tensor
 from support.coordinator import CoordinatorProcess
 
 from hora_proto.v1 import negotiation_pb2 as npb
-from hora_proto.v1 import store_pb2
+from hora_proto.v1 import rendezvous_pb2, store_pb2
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 
@@ -108,3 +111,80 @@ def test_store_add_past_int64_is_out_of_range_and_keeps_the_value(client):
     assert code_of(add, "big", 0).code() == grpc.StatusCode.OUT_OF_RANGE
     assert get("big") == b"9" * 30
     assert add("n", -1) == INT64_MAX - 1  # the key still works
+
+
+# ---- refused calls ---------------------------------------------------------------------
+
+GARBAGE = b"\xff\xff\xff\xff"  # no hora.v1 message decodes from it
+METHODS = [
+    (f"/{service.full_name}/{method.name}", method.client_streaming)
+    for module in (rendezvous_pb2, store_pb2, npb)
+    for service in module.DESCRIPTOR.services_by_name.values()
+    for method in service.methods
+]
+
+
+def raw_call(channel: grpc.Channel, method: str, streaming: bool, metadata) -> grpc.StatusCode:
+    """Sends GARBAGE as the request of ``method`` (undecoded bytes); the status code."""
+    if streaming:
+        call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)
+        responses = call(iter([GARBAGE]), metadata=metadata, timeout=5)
+        with pytest.raises(grpc.RpcError) as info:
+            list(responses)
+    else:
+        call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as info:
+            call(GARBAGE, metadata=metadata, timeout=5)
+    return info.value.code()
+
+
+def refusal_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if " refused /hora.v1." in line]
+
+
+def test_garbage_requests_are_refused_without_tracebacks(coordinator_factory):
+    proc = coordinator_factory("--lease-s", "30")
+    rounds = 5
+    with grpc.insecure_channel(proc.grpc_address) as channel:
+        for _ in range(rounds):
+            for method, streaming in METHODS:
+                for metadata in ((), (("hora-token", "wrong"),)):
+                    code = raw_call(channel, method, streaming, metadata)
+                    assert code == grpc.StatusCode.UNAUTHENTICATED, method
+                code = raw_call(channel, method, streaming, proc.metadata)
+                assert code == grpc.StatusCode.INVALID_ARGUMENT, method
+        # The coordinator still serves a well-formed call.
+        client = Client(proc.grpc_address, proc.token)
+        try:
+            assert client.join_all("after-garbage", 1)[0].size == 1
+        finally:
+            client.close()
+    log = proc.log()
+    assert "Traceback" not in log
+    assert "Unexpected" not in log
+    lines = refusal_lines(log)
+    # 3 kinds (missing token, wrong token, undecodable bytes) of 3 * rounds * 15 refusals:
+    # about one line per kind (two if a run straddles the 10 s default interval).
+    assert 3 <= len(lines) <= 6, lines
+    assert any("missing job token" in line for line in lines)
+    assert any("wrong job token" in line for line in lines)
+    assert any("do not decode" in line for line in lines)
+
+
+def test_refusal_log_lines_count_the_refusals_they_left_out(coordinator_factory):
+    proc = coordinator_factory("--lease-s", "30", "--refusal-log-interval-s", "1")
+    join = "/hora.v1.Rendezvous/Join"
+    with grpc.insecure_channel(proc.grpc_address) as channel:
+        for _ in range(5):
+            assert raw_call(channel, join, False, ()) == grpc.StatusCode.UNAUTHENTICATED
+        time.sleep(1.2)  # past the interval: the next refusal gets a line of its own
+        assert raw_call(channel, join, False, ()) == grpc.StatusCode.UNAUTHENTICATED
+    deadline = time.monotonic() + 5
+    while len(refusal_lines(proc.log())) < 2:
+        assert time.monotonic() < deadline, proc.log()
+        time.sleep(0.05)
+    lines = refusal_lines(proc.log())
+    # Every refusal is either a line or counted in a later line.
+    counted = [int(m.group(1)) for line in lines for m in [re.search(r"(\d+) more", line)] if m]
+    assert len(lines) + sum(counted) == 6, lines
+    assert counted, lines
