@@ -95,11 +95,12 @@ class Coordinator:
         Cancelling the call (the caller's deadline) forgets the joiner.
         """
         job = self.jobs.get(request.job_id)
+        fresh = job is None
         if job is None:
             if not request.job_id:
                 raise InvalidRequestError("job_id must not be empty")
-            job = self.jobs[request.job_id] = state.new_job(request.job_id, self.clock())
-            self.stores[request.job_id] = KeyValueStore(request.job_id)
+            # Held aside until the Join is accepted: a refused one leaves no job behind.
+            job = state.new_job(request.job_id, self.clock())
         key = (job.job_id, request.worker_id)
         previous = self._joins.pop(key, None)
         if previous is not None and not previous.done():
@@ -109,7 +110,11 @@ class Coordinator:
         waiter: asyncio.Future[rpb.WorldView] = asyncio.get_running_loop().create_future()
         self._joins[key] = waiter
         try:
-            self.apply(job, state.join(job, request, self.clock()))
+            effects = state.join(job, request, self.clock())
+            if fresh:
+                self.jobs[job.job_id] = job
+                self.stores[job.job_id] = KeyValueStore(job.job_id)
+            self.apply(job, effects)
         except BaseException:
             if self._joins.get(key) is waiter:
                 del self._joins[key]
@@ -120,12 +125,14 @@ class Coordinator:
             if self._joins.get(key) is waiter:
                 del self._joins[key]
                 self.apply(job, state.cancel_join(job, request.worker_id, self.clock()))
+                self._forget_if_abandoned(job)
             raise
 
     def leave(self, job_id: str, worker_id: str, reason: str, rejoin: bool = False) -> None:
         """A worker leaves on purpose (idempotent); with ``rejoin``, this generation only."""
         job = self.job(job_id)
         self.apply(job, state.leave(job, worker_id, reason, self.clock(), rejoin))
+        self._forget_if_abandoned(job)
 
     def heartbeat(self, job_id: str, worker_id: str) -> state.HeartbeatReply:
         """Renews a member's lease."""
@@ -256,7 +263,21 @@ class Coordinator:
         for job in list(self.jobs.values()):
             if job.phase is state.JobPhase.RUNNING or job.round is not None:
                 self.apply(job, state.check(job, now, self._lease_s))
+            self._forget_if_abandoned(job)
             self._forget_if_done(job, now)
+
+    def _forget_if_abandoned(self, job: state.Job) -> None:
+        """Drops a job whose first world never formed and that nobody waits to join.
+
+        Its joiners went away (deadline, cancel, Leave): nothing of it is left to
+        keep, and a coordinator that kept such jobs would grow without bound.
+        """
+        if state.abandoned(job) and self.jobs.get(job.job_id) is job:
+            del self.jobs[job.job_id]
+            self.stores.pop(job.job_id, None)
+            self._ended_since.pop(job.job_id, None)
+            logger.info("job %s: every joiner went away before its world formed; forgotten",
+                        job.job_id)
 
     def _forget_if_done(self, job: state.Job, now: float) -> None:
         """Drops a job that ended ``job_retention`` ago with nothing of it left.

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import grpc
 import httpx
 import pytest
-from coordinator_clients import Client, open_world, tensor
+from coordinator_clients import Client, open_world, tensor, together
 from support.coordinator import CoordinatorProcess
 
 from hora_proto.v1 import negotiation_pb2 as npb
@@ -188,3 +190,57 @@ def test_refusal_log_lines_count_the_refusals_they_left_out(coordinator_factory)
     counted = [int(m.group(1)) for line in lines for m in [re.search(r"(\d+) more", line)] if m]
     assert len(lines) + sum(counted) == 6, lines
     assert counted, lines
+
+
+# ---- jobs that never formed ------------------------------------------------------------
+
+
+def job_ids(shared) -> list[str]:
+    return [j["job_id"] for j in httpx.get(f"{shared.http_url}/api/v1/jobs", timeout=5).json()]
+
+
+def jobs_metric(shared) -> float:
+    text = httpx.get(f"{shared.http_url}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("hora_jobs{"))
+
+
+def test_refused_joins_create_no_job(client, shared):
+    before, counted = job_ids(shared), jobs_metric(shared)
+    refusals = [
+        {"size": 0},  # expected_size below 1
+        {"size": -3},
+        {"size": 2, "hint": 5},  # rank hint out of range
+        {"size": 2, "hint": -2},
+    ]
+    for i in range(1000):
+        bad = refusals[i % len(refusals)]
+        err = code_of(client.join, f"refused-{i}", "w", bad["size"], hint=bad.get("hint", -1))
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    err = code_of(client.join, "refused-no-worker", "", 1)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert job_ids(shared) == before
+    assert jobs_metric(shared) == counted  # the coordinator's own table, as it exports it
+
+
+def test_a_join_that_times_out_leaves_no_job(client, shared):
+    job, kept = "timed-out-join", "half-gathered"
+    assert code_of(client.join, job, "w0", 2, timeout=0.5).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # A job someone still waits for stays, though other joiners of it went away.
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.join, kept, "w0", 3, timeout=20)
+        time.sleep(0.2)
+        err = code_of(client.join, kept, "w1", 4, timeout=5)  # refused: size 3 is set
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        err = code_of(client.join, kept, "w2", 3, timeout=0.5)
+        assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        deadline = time.monotonic() + 5
+        while job in job_ids(shared):
+            assert time.monotonic() < deadline, "the abandoned job was never dropped"
+            time.sleep(0.05)
+        assert kept in job_ids(shared)
+        views = together(*(partial(client.join, kept, w, 3) for w in ("w1", "w2")))
+        assert [v.size for v in views] == [3, 3]
+        assert waiting.result(timeout=10).size == 3  # the waiting joiner was not forgotten
+    for worker in ("w0", "w1", "w2"):
+        client.leave(kept, worker)

@@ -71,7 +71,7 @@ from .process_sets import (
     remove_process_set,
     withdraw_set_call,
 )
-from .rendezvous import cancel_join, join
+from .rendezvous import abandoned, cancel_join, join
 from .streams import handle_requests, open_stream
 from .views import (
     HeartbeatReply,
@@ -106,6 +106,7 @@ __all__ = [
     "Send",
     "WorldMember",
     "WorldView",
+    "abandoned",
     "add_process_set",
     "call_add_process_set",
     "call_remove_process_set",
