@@ -304,12 +304,32 @@ class Coordinator:
         logger.info("job %s %s; forgotten after %g s", job_id, job.phase.value,
                     self.settings.job_retention.total_seconds())
 
+    def forgive_stall(self, stalled_s: float) -> None:
+        """The event loop did not run for ``stalled_s`` seconds: no lease or stall
+        clock counts that time (the heartbeats sent meanwhile are not read yet)."""
+        logger.warning("hora-coordinator: the event loop stalled for %.1f s; leases and "
+                       "stall clocks are extended by as much", stalled_s)
+        for job in self.jobs.values():
+            state.forgive_stall(job, stalled_s)
+
     async def run_checks(self) -> None:
-        """Runs :meth:`check` every ``stall_check_interval`` until cancelled."""
+        """Runs :meth:`check` every ``stall_check_interval`` until cancelled.
+
+        A tick that comes more than one period late means the loop itself
+        stalled; the lateness is forgiven (:meth:`forgive_stall`) before the
+        check judges leases, so workers are judged on heartbeats that could
+        arrive, not on the coordinator's own pause.
+        """
         interval = self.settings.stall_check_interval.total_seconds()
+        loop = asyncio.get_running_loop()
+        last = loop.time()
         while True:
             await asyncio.sleep(interval)
+            tick = loop.time()
+            late, last = tick - last - interval, tick
             try:
+                if late > interval:
+                    self.forgive_stall(late)
                 self.check()
             except Exception:  # a bug in one check must not stop every later one
                 logger.exception("periodic check failed")

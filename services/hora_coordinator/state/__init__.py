@@ -63,7 +63,7 @@ from .job import (
     Round,
     new_job,
 )
-from .liveness import check, heartbeat
+from .liveness import check, forgive_stall, heartbeat
 from .process_sets import (
     add_process_set,
     call_add_process_set,
@@ -115,6 +115,7 @@ __all__ = [
     "decide_after_loss",
     "elastic_order",
     "event_log",
+    "forgive_stall",
     "get_world",
     "handle_requests",
     "heartbeat",
