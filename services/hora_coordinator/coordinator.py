@@ -29,6 +29,7 @@ from .messages import (
     TensorRequest,
 )
 from .negotiation import SetCallKind
+from .notices import DepartureNotices, is_departure
 from .settings import CoordinatorSettings
 from .store import KeyValueStore
 
@@ -65,7 +66,11 @@ class Coordinator:
         # Waiting AddProcessSet / RemoveProcessSet calls, by job, worker and kind.
         self._set_calls: dict[tuple[str, str, SetCallKind], asyncio.Future[None]] = {}
         self._outboxes: dict[tuple[str, str], Outbox] = {}
-        self._open_streams: set[tuple[str, str, int]] = set()
+        # Each open stream's outbox, by job, worker and generation.
+        self._open_streams: dict[tuple[str, str, int], Outbox] = {}
+        self._notices = DepartureNotices()
+        # Messages put on members' outboxes, by job (what /metrics reports).
+        self.messages_queued: dict[str, int] = {}
         # Jobs seen ended with nothing of them left, and since when.
         self._ended_since: dict[str, float] = {}
 
@@ -167,8 +172,9 @@ class Coordinator:
                 f"worker {worker_id} already has a negotiation stream for "
                 f"job '{job_id}' generation {generation}"
             )
-        self._open_streams.add(stream_key)
-        return self._outboxes.setdefault((job_id, worker_id), asyncio.Queue())
+        outbox = self._outboxes.setdefault((job_id, worker_id), asyncio.Queue())
+        self._open_streams[stream_key] = outbox
+        return outbox
 
     def requests(
         self, job_id: str, worker_id: str, generation: int, requests: Sequence[TensorRequest]
@@ -247,8 +253,16 @@ class Coordinator:
             raise
 
     def stream_closed(self, job_id: str, worker_id: str, generation: int) -> None:
-        """A member's stream ended; unless it left first, the member is lost."""
-        self._open_streams.discard((job_id, worker_id, generation))
+        """A member's stream ended; unless it left first, the member is lost.
+
+        What was still queued for it is dropped with its outbox: nobody reads it.
+        """
+        outbox = self._open_streams.pop((job_id, worker_id, generation), None)
+        if outbox is not None:
+            if self._outboxes.get((job_id, worker_id)) is outbox:
+                del self._outboxes[(job_id, worker_id)]
+            while not outbox.empty():
+                outbox.get_nowait()
         if self.closing:
             return  # our own shutdown cancels every stream; nobody was lost
         job = self.jobs[job_id]
@@ -260,11 +274,41 @@ class Coordinator:
         """Expires leases and reports stalled tensors of every running job, and
         runs the deadlines of every elastic round that gathers."""
         now = self.clock()
+        self.deliver_notices()
         for job in list(self.jobs.values()):
             if job.phase is state.JobPhase.RUNNING or job.round is not None:
                 self.apply(job, state.check(job, now, self._lease_s))
             self._forget_if_abandoned(job)
             self._forget_if_done(job, now)
+
+    def deliver_notices(self) -> None:
+        """Sends the coalesced departure notices (:mod:`.notices`) to the members
+        still active in the generation they concern."""
+        for job_id, worker_id, message in self._notices.take(self._listening):
+            self._queue(job_id, worker_id, wire.coordinator_message_pb(message))
+
+    def _listening(self, job_id: str, worker_id: str, generation: int) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None or job.generation != generation or job.phase is not state.JobPhase.RUNNING:
+            return False
+        member = job.by_worker.get(worker_id)
+        return member is not None and member.state is state.MemberState.ACTIVE
+
+    def _queue(self, job_id: str, worker_id: str, message: object) -> bool:
+        outbox = self._outboxes.get((job_id, worker_id))
+        if outbox is None:
+            return False
+        outbox.put_nowait(message)
+        self.messages_queued[job_id] = self.messages_queued.get(job_id, 0) + 1
+        return True
+
+    def outbox_counts(self) -> dict[str, tuple[int, int]]:
+        """By job: the outboxes held for its members, and the messages waiting in them."""
+        counts: dict[str, tuple[int, int]] = {}
+        for (job_id, _), box in self._outboxes.items():
+            boxes, queued = counts.get(job_id, (0, 0))
+            counts[job_id] = (boxes + 1, queued + box.qsize())
+        return counts
 
     def _forget_if_abandoned(self, job: state.Job) -> None:
         """Drops a job whose first world never formed and that nobody waits to join.
@@ -299,6 +343,8 @@ class Coordinator:
         del self.jobs[job_id]
         self.stores.pop(job_id, None)
         self._ended_since.pop(job_id, None)
+        self._notices.forget(job_id)
+        self.messages_queued.pop(job_id, None)
         for key in [key for key in self._outboxes if key[0] == job_id]:
             del self._outboxes[key]
         logger.info("job %s %s; forgotten after %g s", job_id, job.phase.value,
@@ -345,13 +391,15 @@ class Coordinator:
         templates: wire.ViewTemplates = {}
         for effect in effects:
             if isinstance(effect, state.Send):
+                if is_departure(effect.message) and effect.message.event is not None:
+                    self._notices.note(job.job_id, effect.worker_ids, effect.message.event)
+                    continue  # delivered coalesced, at the next check
                 encoded = None
                 for worker_id in effect.worker_ids:
-                    outbox = self._outboxes.get((job.job_id, worker_id))
-                    if outbox is not None:
+                    if (job.job_id, worker_id) in self._outboxes:
                         if encoded is None:
                             encoded = wire.coordinator_message_pb(effect.message)
-                        outbox.put_nowait(encoded)
+                        self._queue(job.job_id, worker_id, encoded)
             elif isinstance(effect, state.Admit):
                 view = wire.world_view_pb(effect.view, templates)
                 self._settle(job.job_id, effect.worker_id, view, None)
@@ -390,7 +438,8 @@ class Coordinator:
     def end_streams(self) -> None:
         """Asks every open stream to finish (shutdown)."""
         self.closing = True
-        for outbox in self._outboxes.values():
+        boxes = [*self._outboxes.values(), *self._open_streams.values()]
+        for outbox in {id(box): box for box in boxes}.values():
             outbox.put_nowait(STREAM_END)
 
 
