@@ -21,7 +21,13 @@ from typing import TypeVar
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
 from . import state, wire
-from .errors import AlreadyOpenError, InvalidRequestError, SupersededError, UnknownError
+from .errors import (
+    AlreadyOpenError,
+    InvalidRequestError,
+    ResourceExhaustedError,
+    SupersededError,
+    UnknownError,
+)
 from .messages import (
     AddProcessSetRequest,
     JoinRequest,
@@ -99,11 +105,17 @@ class Coordinator:
 
         Cancelling the call (the caller's deadline) forgets the joiner.
         """
+        self._check_limits(request)
         job = self.jobs.get(request.job_id)
         fresh = job is None
         if job is None:
             if not request.job_id:
                 raise InvalidRequestError("job_id must not be empty")
+            if len(self.jobs) >= self.settings.max_jobs:
+                raise ResourceExhaustedError(
+                    f"this coordinator holds {len(self.jobs)} jobs, its limit (max_jobs); "
+                    f"job '{request.job_id}' cannot start until one is forgotten"
+                )
             # Held aside until the Join is accepted: a refused one leaves no job behind.
             job = state.new_job(request.job_id, self.clock())
         key = (job.job_id, request.worker_id)
@@ -118,7 +130,11 @@ class Coordinator:
             effects = state.join(job, request, self.clock())
             if fresh:
                 self.jobs[job.job_id] = job
-                self.stores[job.job_id] = KeyValueStore(job.job_id)
+                self.stores[job.job_id] = KeyValueStore(
+                    job.job_id,
+                    self.settings.max_store_key_bytes,
+                    self.settings.max_store_value_bytes,
+                )
             self.apply(job, effects)
         except BaseException:
             if self._joins.get(key) is waiter:
@@ -132,6 +148,31 @@ class Coordinator:
                 self.apply(job, state.cancel_join(job, request.worker_id, self.clock()))
                 self._forget_if_abandoned(job)
             raise
+
+    def _check_limits(self, request: JoinRequest) -> None:
+        """Refuses a Join past the size limits, before anything changes."""
+        limits = self.settings
+        for what, value in (("job_id", request.job_id), ("worker_id", request.worker_id)):
+            if len(value) > limits.max_id_length:
+                raise InvalidRequestError(
+                    f"{what} of {len(value)} characters is longer than the limit of "
+                    f"{limits.max_id_length}"
+                )
+        for what, size in (("expected_size", request.expected_size),
+                           ("min_size", request.min_size), ("max_size", request.max_size)):
+            if size > limits.max_members_per_job:
+                raise InvalidRequestError(
+                    f"{what} {size} is above this coordinator's limit of "
+                    f"{limits.max_members_per_job} members per job"
+                )
+        job = self.jobs.get(request.job_id)
+        rnd = job.round if job is not None else None
+        if (rnd is not None and request.worker_id not in rnd.joiners
+                and len(rnd.joiners) >= limits.max_members_per_job):
+            raise ResourceExhaustedError(
+                f"job '{request.job_id}' already has {len(rnd.joiners)} joiners, the limit "
+                "(max_members_per_job)"
+            )
 
     def leave(self, job_id: str, worker_id: str, reason: str, rejoin: bool = False) -> None:
         """A worker leaves on purpose (idempotent); with ``rejoin``, this generation only."""

@@ -17,6 +17,7 @@
      +-- CallTimeoutError          some ranks did not make a collective call in time
      |                             (DEADLINE_EXCEEDED)
      +-- AuthenticationError       the job token is missing or wrong (UNAUTHENTICATED)
+     +-- ResourceExhaustedError    a coordinator-wide limit is reached (RESOURCE_EXHAUSTED)
 
 The state transitions and the store raise these; the gRPC layer turns them
 into status codes in exactly one place (``servicer.status_for``; ``auth`` refuses before decoding).
@@ -35,6 +36,7 @@ __all__ = [
     "OutOfRangeError",
     "PreconditionError",
     "RankGoneError",
+    "ResourceExhaustedError",
     "RoundFullError",
     "StaleGenerationError",
     "SupersededError",
@@ -102,3 +104,8 @@ class CallTimeoutError(CoordinatorError):
 
 class AuthenticationError(CoordinatorError):
     """Raised when a call carries no job token or the wrong one."""
+
+
+class ResourceExhaustedError(CoordinatorError):
+    """Raised when a request would take the coordinator past one of its limits
+    (settings ``max_jobs``, ``max_members_per_job``); nothing was changed."""

@@ -36,6 +36,7 @@ from .errors import (
     KeyTimeoutError,
     OutOfRangeError,
     PreconditionError,
+    ResourceExhaustedError,
     SupersededError,
     UnknownError,
 )
@@ -56,6 +57,7 @@ _STATUS: tuple[tuple[type[CoordinatorError], grpc.StatusCode], ...] = (
     (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (OutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
+    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnknownError, grpc.StatusCode.NOT_FOUND),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (AlreadyOpenError, grpc.StatusCode.ALREADY_EXISTS),

@@ -244,3 +244,53 @@ def test_a_join_that_times_out_leaves_no_job(client, shared):
         assert waiting.result(timeout=10).size == 3  # the waiting joiner was not forgotten
     for worker in ("w0", "w1", "w2"):
         client.leave(kept, worker)
+
+
+# ---- limits ----------------------------------------------------------------------------
+
+
+def test_each_limit_refuses_its_breach_and_changes_nothing(coordinator_factory):
+    proc = coordinator_factory(
+        "--lease-s", "30", "--max-jobs", "2", "--max-members-per-job", "3",
+        "--max-id-length", "16", "--max-store-key-bytes", "8", "--max-store-value-bytes", "16",
+    )
+    client = Client(proc.grpc_address, proc.token)
+    try:
+        def listed() -> list[str]:
+            return job_ids(proc)
+
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        assert code_of(client.join, "j" * 17, "w", 1).code() == invalid  # job id length
+        assert code_of(client.join, "a", "w" * 17, 1).code() == invalid  # worker id length
+        assert code_of(client.join, "a", "w", 4).code() == invalid  # members per job
+        assert code_of(client.join, "a", "w", 1, min_size=1, max_size=4).code() == invalid
+        assert listed() == []
+        client.join("a", "w", 1)
+        client.join("b", "w", 1)
+        err = code_of(client.join, "c", "w", 1)  # jobs per coordinator
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "2 jobs" in err.details()
+        assert sorted(listed()) == ["a", "b"]
+        md, s = client.metadata, client.store
+
+        def set_(key: str, value: bytes) -> None:
+            s.Set(store_pb2.StoreSetRequest(job_id="a", key=key, value=value), metadata=md,
+                  timeout=5)
+
+        def get(key: str) -> grpc.StatusCode | bytes:
+            try:
+                request = store_pb2.StoreGetRequest(job_id="a", key=key)
+                return s.Get(request, metadata=md, timeout=5).value
+            except grpc.RpcError as exc:
+                return exc.code()
+
+        assert code_of(set_, "k" * 9, b"v").code() == invalid  # store key size
+        assert code_of(set_, "k", b"v" * 17).code() == invalid  # store value size
+        assert get("k" * 9) == invalid and get("k") == grpc.StatusCode.NOT_FOUND
+        swap = store_pb2.StoreCompareSetRequest(job_id="a", key="k", expected=b"",
+                                                desired=b"v" * 17)
+        assert code_of(s.CompareSet, swap, metadata=md, timeout=5).code() == invalid
+        assert get("k") == grpc.StatusCode.NOT_FOUND
+        set_("k", b"v" * 16)  # at the limits: accepted
+        assert get("k") == b"v" * 16
+    finally:
+        client.close()
