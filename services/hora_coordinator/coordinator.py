@@ -21,7 +21,13 @@ from typing import TypeVar
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
 from . import state, wire
-from .errors import AlreadyOpenError, InvalidRequestError, SupersededError, UnknownError
+from .errors import (
+    AlreadyOpenError,
+    InvalidRequestError,
+    ResourceExhaustedError,
+    SupersededError,
+    UnknownError,
+)
 from .messages import (
     AddProcessSetRequest,
     JoinRequest,
@@ -29,6 +35,7 @@ from .messages import (
     TensorRequest,
 )
 from .negotiation import SetCallKind
+from .notices import DepartureNotices, is_departure
 from .settings import CoordinatorSettings
 from .store import KeyValueStore
 
@@ -65,7 +72,11 @@ class Coordinator:
         # Waiting AddProcessSet / RemoveProcessSet calls, by job, worker and kind.
         self._set_calls: dict[tuple[str, str, SetCallKind], asyncio.Future[None]] = {}
         self._outboxes: dict[tuple[str, str], Outbox] = {}
-        self._open_streams: set[tuple[str, str, int]] = set()
+        # Each open stream's outbox, by job, worker and generation.
+        self._open_streams: dict[tuple[str, str, int], Outbox] = {}
+        self._notices = DepartureNotices()
+        # Messages put on members' outboxes, by job (what /metrics reports).
+        self.messages_queued: dict[str, int] = {}
         # Jobs seen ended with nothing of them left, and since when.
         self._ended_since: dict[str, float] = {}
 
@@ -94,12 +105,19 @@ class Coordinator:
 
         Cancelling the call (the caller's deadline) forgets the joiner.
         """
+        self._check_limits(request)
         job = self.jobs.get(request.job_id)
+        fresh = job is None
         if job is None:
             if not request.job_id:
                 raise InvalidRequestError("job_id must not be empty")
-            job = self.jobs[request.job_id] = state.new_job(request.job_id, self.clock())
-            self.stores[request.job_id] = KeyValueStore(request.job_id)
+            if len(self.jobs) >= self.settings.max_jobs:
+                raise ResourceExhaustedError(
+                    f"this coordinator holds {len(self.jobs)} jobs, its limit (max_jobs); "
+                    f"job '{request.job_id}' cannot start until one is forgotten"
+                )
+            # Held aside until the Join is accepted: a refused one leaves no job behind.
+            job = state.new_job(request.job_id, self.clock())
         key = (job.job_id, request.worker_id)
         previous = self._joins.pop(key, None)
         if previous is not None and not previous.done():
@@ -109,7 +127,15 @@ class Coordinator:
         waiter: asyncio.Future[rpb.WorldView] = asyncio.get_running_loop().create_future()
         self._joins[key] = waiter
         try:
-            self.apply(job, state.join(job, request, self.clock()))
+            effects = state.join(job, request, self.clock())
+            if fresh:
+                self.jobs[job.job_id] = job
+                self.stores[job.job_id] = KeyValueStore(
+                    job.job_id,
+                    self.settings.max_store_key_bytes,
+                    self.settings.max_store_value_bytes,
+                )
+            self.apply(job, effects)
         except BaseException:
             if self._joins.get(key) is waiter:
                 del self._joins[key]
@@ -120,12 +146,39 @@ class Coordinator:
             if self._joins.get(key) is waiter:
                 del self._joins[key]
                 self.apply(job, state.cancel_join(job, request.worker_id, self.clock()))
+                self._forget_if_abandoned(job)
             raise
+
+    def _check_limits(self, request: JoinRequest) -> None:
+        """Refuses a Join past the size limits, before anything changes."""
+        limits = self.settings
+        for what, value in (("job_id", request.job_id), ("worker_id", request.worker_id)):
+            if len(value) > limits.max_id_length:
+                raise InvalidRequestError(
+                    f"{what} of {len(value)} characters is longer than the limit of "
+                    f"{limits.max_id_length}"
+                )
+        for what, size in (("expected_size", request.expected_size),
+                           ("min_size", request.min_size), ("max_size", request.max_size)):
+            if size > limits.max_members_per_job:
+                raise InvalidRequestError(
+                    f"{what} {size} is above this coordinator's limit of "
+                    f"{limits.max_members_per_job} members per job"
+                )
+        job = self.jobs.get(request.job_id)
+        rnd = job.round if job is not None else None
+        if (rnd is not None and request.worker_id not in rnd.joiners
+                and len(rnd.joiners) >= limits.max_members_per_job):
+            raise ResourceExhaustedError(
+                f"job '{request.job_id}' already has {len(rnd.joiners)} joiners, the limit "
+                "(max_members_per_job)"
+            )
 
     def leave(self, job_id: str, worker_id: str, reason: str, rejoin: bool = False) -> None:
         """A worker leaves on purpose (idempotent); with ``rejoin``, this generation only."""
         job = self.job(job_id)
         self.apply(job, state.leave(job, worker_id, reason, self.clock(), rejoin))
+        self._forget_if_abandoned(job)
 
     def heartbeat(self, job_id: str, worker_id: str) -> state.HeartbeatReply:
         """Renews a member's lease."""
@@ -160,8 +213,9 @@ class Coordinator:
                 f"worker {worker_id} already has a negotiation stream for "
                 f"job '{job_id}' generation {generation}"
             )
-        self._open_streams.add(stream_key)
-        return self._outboxes.setdefault((job_id, worker_id), asyncio.Queue())
+        outbox = self._outboxes.setdefault((job_id, worker_id), asyncio.Queue())
+        self._open_streams[stream_key] = outbox
+        return outbox
 
     def requests(
         self, job_id: str, worker_id: str, generation: int, requests: Sequence[TensorRequest]
@@ -240,8 +294,16 @@ class Coordinator:
             raise
 
     def stream_closed(self, job_id: str, worker_id: str, generation: int) -> None:
-        """A member's stream ended; unless it left first, the member is lost."""
-        self._open_streams.discard((job_id, worker_id, generation))
+        """A member's stream ended; unless it left first, the member is lost.
+
+        What was still queued for it is dropped with its outbox: nobody reads it.
+        """
+        outbox = self._open_streams.pop((job_id, worker_id, generation), None)
+        if outbox is not None:
+            if self._outboxes.get((job_id, worker_id)) is outbox:
+                del self._outboxes[(job_id, worker_id)]
+            while not outbox.empty():
+                outbox.get_nowait()
         if self.closing:
             return  # our own shutdown cancels every stream; nobody was lost
         job = self.jobs[job_id]
@@ -253,10 +315,54 @@ class Coordinator:
         """Expires leases and reports stalled tensors of every running job, and
         runs the deadlines of every elastic round that gathers."""
         now = self.clock()
+        self.deliver_notices()
         for job in list(self.jobs.values()):
             if job.phase is state.JobPhase.RUNNING or job.round is not None:
                 self.apply(job, state.check(job, now, self._lease_s))
+            self._forget_if_abandoned(job)
             self._forget_if_done(job, now)
+
+    def deliver_notices(self) -> None:
+        """Sends the coalesced departure notices (:mod:`.notices`) to the members
+        still active in the generation they concern."""
+        for job_id, worker_id, message in self._notices.take(self._listening):
+            self._queue(job_id, worker_id, wire.coordinator_message_pb(message))
+
+    def _listening(self, job_id: str, worker_id: str, generation: int) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None or job.generation != generation or job.phase is not state.JobPhase.RUNNING:
+            return False
+        member = job.by_worker.get(worker_id)
+        return member is not None and member.state is state.MemberState.ACTIVE
+
+    def _queue(self, job_id: str, worker_id: str, message: object) -> bool:
+        outbox = self._outboxes.get((job_id, worker_id))
+        if outbox is None:
+            return False
+        outbox.put_nowait(message)
+        self.messages_queued[job_id] = self.messages_queued.get(job_id, 0) + 1
+        return True
+
+    def outbox_counts(self) -> dict[str, tuple[int, int]]:
+        """By job: the outboxes held for its members, and the messages waiting in them."""
+        counts: dict[str, tuple[int, int]] = {}
+        for (job_id, _), box in self._outboxes.items():
+            boxes, queued = counts.get(job_id, (0, 0))
+            counts[job_id] = (boxes + 1, queued + box.qsize())
+        return counts
+
+    def _forget_if_abandoned(self, job: state.Job) -> None:
+        """Drops a job whose first world never formed and that nobody waits to join.
+
+        Its joiners went away (deadline, cancel, Leave): nothing of it is left to
+        keep, and a coordinator that kept such jobs would grow without bound.
+        """
+        if state.abandoned(job) and self.jobs.get(job.job_id) is job:
+            del self.jobs[job.job_id]
+            self.stores.pop(job.job_id, None)
+            self._ended_since.pop(job.job_id, None)
+            logger.info("job %s: every joiner went away before its world formed; forgotten",
+                        job.job_id)
 
     def _forget_if_done(self, job: state.Job, now: float) -> None:
         """Drops a job that ended ``job_retention`` ago with nothing of it left.
@@ -278,17 +384,39 @@ class Coordinator:
         del self.jobs[job_id]
         self.stores.pop(job_id, None)
         self._ended_since.pop(job_id, None)
+        self._notices.forget(job_id)
+        self.messages_queued.pop(job_id, None)
         for key in [key for key in self._outboxes if key[0] == job_id]:
             del self._outboxes[key]
         logger.info("job %s %s; forgotten after %g s", job_id, job.phase.value,
                     self.settings.job_retention.total_seconds())
 
+    def forgive_stall(self, stalled_s: float) -> None:
+        """The event loop did not run for ``stalled_s`` seconds: no lease or stall
+        clock counts that time (the heartbeats sent meanwhile are not read yet)."""
+        logger.warning("hora-coordinator: the event loop stalled for %.1f s; leases and "
+                       "stall clocks are extended by as much", stalled_s)
+        for job in self.jobs.values():
+            state.forgive_stall(job, stalled_s)
+
     async def run_checks(self) -> None:
-        """Runs :meth:`check` every ``stall_check_interval`` until cancelled."""
+        """Runs :meth:`check` every ``stall_check_interval`` until cancelled.
+
+        A tick that comes more than one period late means the loop itself
+        stalled; the lateness is forgiven (:meth:`forgive_stall`) before the
+        check judges leases, so workers are judged on heartbeats that could
+        arrive, not on the coordinator's own pause.
+        """
         interval = self.settings.stall_check_interval.total_seconds()
+        loop = asyncio.get_running_loop()
+        last = loop.time()
         while True:
             await asyncio.sleep(interval)
+            tick = loop.time()
+            late, last = tick - last - interval, tick
             try:
+                if late > interval:
+                    self.forgive_stall(late)
                 self.check()
             except Exception:  # a bug in one check must not stop every later one
                 logger.exception("periodic check failed")
@@ -304,13 +432,15 @@ class Coordinator:
         templates: wire.ViewTemplates = {}
         for effect in effects:
             if isinstance(effect, state.Send):
+                if is_departure(effect.message) and effect.message.event is not None:
+                    self._notices.note(job.job_id, effect.worker_ids, effect.message.event)
+                    continue  # delivered coalesced, at the next check
                 encoded = None
                 for worker_id in effect.worker_ids:
-                    outbox = self._outboxes.get((job.job_id, worker_id))
-                    if outbox is not None:
+                    if (job.job_id, worker_id) in self._outboxes:
                         if encoded is None:
                             encoded = wire.coordinator_message_pb(effect.message)
-                        outbox.put_nowait(encoded)
+                        self._queue(job.job_id, worker_id, encoded)
             elif isinstance(effect, state.Admit):
                 view = wire.world_view_pb(effect.view, templates)
                 self._settle(job.job_id, effect.worker_id, view, None)
@@ -349,7 +479,8 @@ class Coordinator:
     def end_streams(self) -> None:
         """Asks every open stream to finish (shutdown)."""
         self.closing = True
-        for outbox in self._outboxes.values():
+        boxes = [*self._outboxes.values(), *self._open_streams.values()]
+        for outbox in {id(box): box for box in boxes}.values():
             outbox.put_nowait(STREAM_END)
 
 

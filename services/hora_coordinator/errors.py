@@ -3,6 +3,7 @@
     CoordinatorError
      +-- InvalidRequestError        the request contradicts the job (INVALID_ARGUMENT)
      |    +-- RoundFullError        the next round already has every joiner it needs
+     +-- OutOfRangeError            a store integer would leave int64 (OUT_OF_RANGE)
      +-- UnknownError               a job, worker or key does not exist (NOT_FOUND)
      +-- PreconditionError          the job is not in a state that allows it
      |    |                         (FAILED_PRECONDITION)
@@ -16,9 +17,10 @@
      +-- CallTimeoutError          some ranks did not make a collective call in time
      |                             (DEADLINE_EXCEEDED)
      +-- AuthenticationError       the job token is missing or wrong (UNAUTHENTICATED)
+     +-- ResourceExhaustedError    a coordinator-wide limit is reached (RESOURCE_EXHAUSTED)
 
 The state transitions and the store raise these; the gRPC layer turns them
-into status codes in exactly one place (``servicer.status_for``).
+into status codes in exactly one place (``servicer.status_for``; ``auth`` refuses before decoding).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ __all__ = [
     "InvalidRequestError",
     "JobFailedError",
     "KeyTimeoutError",
+    "OutOfRangeError",
     "PreconditionError",
     "RankGoneError",
+    "ResourceExhaustedError",
     "RoundFullError",
     "StaleGenerationError",
     "SupersededError",
@@ -52,6 +56,11 @@ class InvalidRequestError(CoordinatorError):
 
 class RoundFullError(InvalidRequestError):
     """Raised when a Join arrives for a round that already has all its joiners."""
+
+
+class OutOfRangeError(CoordinatorError):
+    """Raised when a store Add would make (or reads) an integer outside int64, the
+    range the wire carries; the key keeps its value."""
 
 
 class UnknownError(CoordinatorError):
@@ -95,3 +104,8 @@ class CallTimeoutError(CoordinatorError):
 
 class AuthenticationError(CoordinatorError):
     """Raised when a call carries no job token or the wrong one."""
+
+
+class ResourceExhaustedError(CoordinatorError):
+    """Raised when a request would take the coordinator past one of its limits
+    (settings ``max_jobs``, ``max_members_per_job``); nothing was changed."""

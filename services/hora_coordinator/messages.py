@@ -270,6 +270,7 @@ class Event:
     tensor_names: tuple[str, ...] = ()
     missing_ranks: tuple[int, ...] = ()
     unix_ms: int = 0
+    ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

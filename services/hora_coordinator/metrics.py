@@ -16,6 +16,10 @@ Exported series::
     hora_job_members{job_id,state}            members by state; a gathering round's
                                               joiners count as "joining"
     hora_jobs{state}                          jobs by state
+    hora_stream_messages_total{job_id}        messages queued on members' streams (counter)
+    hora_stream_outboxes{job_id}              outboxes held for members (one per open or
+                                              not yet opened stream)
+    hora_stream_queued_messages{job_id}       messages waiting in them, not yet sent
 
 Every state label value is always present (0 when empty), so a series does
 not vanish when its last member or job moves on.
@@ -83,8 +87,28 @@ class CoordinatorCollector(Collector):
             labels=["job_id", "state"],
         )
         jobs = GaugeMetricFamily("hora_jobs", "Jobs by state.", labels=["state"])
+        sent = CounterMetricFamily(
+            "hora_stream_messages",
+            "Messages queued on the negotiation streams of the job's members.",
+            labels=["job_id"],
+        )
+        outboxes = GaugeMetricFamily(
+            "hora_stream_outboxes",
+            "Outboxes held for the job's members (open or not yet opened streams).",
+            labels=["job_id"],
+        )
+        queued = GaugeMetricFamily(
+            "hora_stream_queued_messages",
+            "Messages waiting in the job's outboxes, not yet written to a stream.",
+            labels=["job_id"],
+        )
         by_phase = dict.fromkeys(state.JobPhase, 0)
+        held = self._coordinator.outbox_counts()
         for job in self._coordinator.jobs.values():
+            boxes, waiting = held.get(job.job_id, (0, 0))
+            sent.add_metric([job.job_id], self._coordinator.messages_queued.get(job.job_id, 0))
+            outboxes.add_metric([job.job_id], boxes)
+            queued.add_metric([job.job_id], waiting)
             by_phase[job.phase] += 1
             messages.add_metric([job.job_id], job.negotiation_messages)
             tensors.add_metric([job.job_id], job.negotiated_tensors)
@@ -96,6 +120,7 @@ class CoordinatorCollector(Collector):
         for phase, count in by_phase.items():
             jobs.add_metric([phase.value], count)
         yield from (messages, tensors, errors, generation, resets, members, jobs)
+        yield from (sent, outboxes, queued)
 
 
 def _member_counts(job: state.Job) -> dict[state.MemberState, int]:

@@ -20,9 +20,10 @@ import grpc
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from .auth import RefusalLog, TokenAuthInterceptor
 from .coordinator import Coordinator
 from .http import create_app
-from .servicer import TokenAuthInterceptor, add_servicers
+from .servicer import add_servicers
 from .settings import CoordinatorSettings
 
 __all__ = ["EmbeddedCoordinator", "ServingInfo", "create_grpc_server", "format_address", "serve"]
@@ -75,8 +76,10 @@ def create_grpc_server(coordinator: Coordinator, address: str) -> tuple[grpc.aio
     Raises:
         RuntimeError: the address cannot be bound.
     """
+    settings = coordinator.settings
+    refusals = RefusalLog(settings.refusal_log_interval.total_seconds())
     server = grpc.aio.server(
-        interceptors=[TokenAuthInterceptor(coordinator.settings.token)],
+        interceptors=[TokenAuthInterceptor(settings.token, refusals)],
         options=[("grpc.so_reuseport", 0)],
     )
     add_servicers(server, coordinator)

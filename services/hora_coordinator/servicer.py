@@ -1,4 +1,4 @@
-"""gRPC adapters: thin servicers over :class:`~.coordinator.Coordinator`, and auth.
+"""gRPC adapters: thin servicers over :class:`~.coordinator.Coordinator`.
 
 This module is the one place coordinator errors become gRPC status codes
 (:func:`status_for`). Servicers translate requests into coordinator calls and
@@ -11,13 +11,11 @@ import asyncio
 import contextlib
 import functools
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
-from hora_proto.auth import TOKEN_METADATA_KEY
 from hora_proto.v1 import (
     negotiation_pb2,
     negotiation_pb2_grpc,
@@ -36,7 +34,9 @@ from .errors import (
     CoordinatorError,
     InvalidRequestError,
     KeyTimeoutError,
+    OutOfRangeError,
     PreconditionError,
+    ResourceExhaustedError,
     SupersededError,
     UnknownError,
 )
@@ -45,20 +45,19 @@ __all__ = [
     "NegotiationServicer",
     "RendezvousServicer",
     "StoreServicer",
-    "TokenAuthInterceptor",
+    "abort_with",
     "add_servicers",
     "status_for",
 ]
 
 logger = logging.getLogger("hora_coordinator")
 
-
-_PROTECTED_PREFIX = "/hora.v1."
-
 # Most specific first: status_for walks it in order.
 _STATUS: tuple[tuple[type[CoordinatorError], grpc.StatusCode], ...] = (
     (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (OutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
+    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnknownError, grpc.StatusCode.NOT_FOUND),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (AlreadyOpenError, grpc.StatusCode.ALREADY_EXISTS),
@@ -76,7 +75,8 @@ def status_for(error: CoordinatorError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: CoordinatorError) -> None:
+async def abort_with(context: grpc.aio.ServicerContext, error: CoordinatorError) -> None:
+    """Ends the call with ``error``'s status code and message (raises, as abort does)."""
     await context.abort(status_for(error), str(error))
 
 
@@ -91,7 +91,7 @@ def _mapped(method: _F) -> _F:
         try:
             return await method(self, request, context)
         except CoordinatorError as exc:
-            await _abort(context, exc)
+            await abort_with(context, exc)
 
     return wrapper  # type: ignore[return-value]
 
@@ -193,6 +193,7 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
         )
         outbox = self._c.open_stream(job_id, worker_id, generation)
         coordinator = self._c
+        refused: list[CoordinatorError] = []
 
         async def read() -> None:
             try:
@@ -202,6 +203,8 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
                         coordinator.requests(job_id, worker_id, generation, requests)
             except (grpc.aio.AioRpcError, asyncio.CancelledError):
                 pass  # the stream broke: treated below as closed
+            except CoordinatorError as exc:  # a message that does not decode: end the stream
+                refused.append(exc)
             except Exception:  # a coordinator bug: end this stream loudly, keep serving
                 logger.exception(
                     "negotiation stream of worker %s in job '%s' failed", worker_id, job_id
@@ -221,6 +224,8 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
             self._c.stream_closed(job_id, worker_id, generation)
+        if refused:
+            raise refused[0]
 
     @_mapped
     async def AddProcessSet(self, request, context):  # noqa: N802
@@ -238,59 +243,6 @@ async def _first_message(request_iterator: Any) -> negotiation_pb2.WorkerMessage
         return await request_iterator.__anext__()
     except StopAsyncIteration:
         return None
-
-
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses hora.v1 calls without the right ``hora-token`` metadata.
-
-    Other services (grpc.health.v1) pass through untouched, so that probes
-    need no secret.
-    """
-
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not method.startswith(_PROTECTED_PREFIX):
-            return handler
-        sent = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == TOKEN_METADATA_KEY:
-                sent = value
-                break
-        if sent is None:
-            problem = (
-                f"missing job token: send the coordinator's token in metadata key "
-                f"'{TOKEN_METADATA_KEY}'"
-            )
-        elif not secrets.compare_digest(
-            sent.encode() if isinstance(sent, str) else bytes(sent), self._token
-        ):
-            problem = f"wrong job token in metadata key '{TOKEN_METADATA_KEY}'"
-        else:
-            return handler
-        return _refusal(handler, method, problem)
-
-
-def _refusal(handler: grpc.RpcMethodHandler, method: str, problem: str) -> grpc.RpcMethodHandler:
-    async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        logger.warning("refused %s from %s: %s", method, context.peer(), problem)
-        await _abort(context, AuthenticationError(problem))
-
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
-    return make(
-        refuse,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
 
 
 def add_servicers(server: grpc.aio.Server, coordinator: Coordinator) -> None:

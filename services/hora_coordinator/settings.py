@@ -19,6 +19,14 @@ from pathlib import Path
 __all__ = ["CommandLine", "CoordinatorSettings", "build_parser", "parse_command_line"]
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Size limits, each with a flag of the same name (--max-jobs, ...).
+_LIMITS = (
+    "max_jobs",
+    "max_members_per_job",
+    "max_id_length",
+    "max_store_key_bytes",
+    "max_store_value_bytes",
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,16 @@ class CoordinatorSettings:
         job_retention: How long a job that finished or failed stays (in the
             API, the metrics and memory) once nothing of it is left running;
             a long-lived coordinator would otherwise keep every job for ever.
+        refusal_log_interval: At most one log line per kind of refused call
+            (missing token, wrong token, undecodable bytes) per interval; the
+            next line counts the ones left out. 0 logs every refusal.
+        max_jobs: Most jobs held at once; a Join that would start one more is
+            RESOURCE_EXHAUSTED (finished jobs count until ``job_retention`` drops them).
+        max_members_per_job: Largest world (expected, min or max size) a Join may
+            ask for, and most joiners a round holds.
+        max_id_length: Longest job id and worker id, in characters.
+        max_store_key_bytes: Longest store key, in UTF-8 bytes.
+        max_store_value_bytes: Largest store value, in bytes.
         log_level: Name of a :mod:`logging` level.
     """
 
@@ -46,6 +64,12 @@ class CoordinatorSettings:
     lease: timedelta = timedelta(seconds=10)
     stall_check_interval: timedelta = timedelta(seconds=1)
     job_retention: timedelta = timedelta(hours=1)
+    refusal_log_interval: timedelta = timedelta(seconds=10)
+    max_jobs: int = 10_000
+    max_members_per_job: int = 65_536
+    max_id_length: int = 256
+    max_store_key_bytes: int = 4096
+    max_store_value_bytes: int = 1024 * 1024
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -56,8 +80,12 @@ class CoordinatorSettings:
         for name in ("lease", "stall_check_interval"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.job_retention < timedelta(0):
-            raise ValueError(f"job_retention must not be negative, got {self.job_retention}")
+        for name in ("job_retention", "refusal_log_interval"):
+            if getattr(self, name) < timedelta(0):
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        for name in _LIMITS:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.log_level.upper() not in _LOG_LEVELS:
             raise ValueError(
                 f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}"
@@ -115,6 +143,21 @@ def build_parser() -> argparse.ArgumentParser:
         "is left (default %(default)s)",
     )
     parser.add_argument(
+        "--refusal-log-interval-s",
+        type=float,
+        default=10.0,
+        help="at most one log line per kind of refused call per this many seconds; "
+        "the next line counts the ones left out (default %(default)s)",
+    )
+    defaults = CoordinatorSettings()
+    for name in _LIMITS:
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            default=getattr(defaults, name),
+            help=f"limit: {name.replace('_', ' ')} (default %(default)s)",
+        )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         default=None,
@@ -150,6 +193,8 @@ def parse_command_line(
             lease=timedelta(seconds=args.lease_s),
             stall_check_interval=timedelta(seconds=args.stall_check_interval_s),
             job_retention=timedelta(seconds=args.job_retention_s),
+            refusal_log_interval=timedelta(seconds=args.refusal_log_interval_s),
+            **{name: getattr(args, name) for name in _LIMITS},
             log_level=log_level,
         )
     except ValueError as exc:

@@ -10,24 +10,53 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from .errors import InvalidRequestError, KeyTimeoutError, UnknownError
+from .errors import InvalidRequestError, KeyTimeoutError, OutOfRangeError, UnknownError
 
 __all__ = ["KeyValueStore"]
+
+# Add's integers travel as int64 (StoreAddRequest.amount, StoreAddResponse.value).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class KeyValueStore:
     """Keys are strings, values bytes; integers for Add are decimal ASCII."""
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(
+        self, job_id: str, max_key_bytes: int = 4096, max_value_bytes: int = 1024 * 1024
+    ) -> None:
         self.job_id = job_id
+        self._max_key_bytes = max_key_bytes
+        self._max_value_bytes = max_value_bytes
         self._data: dict[str, bytes] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
 
     def __len__(self) -> int:
         return len(self._data)
 
+    def check(self, key: str, value: bytes = b"") -> None:
+        """Refuses a key or value past the store's limits (before anything changes).
+
+        Raises:
+            InvalidRequestError: the key or the value is too long.
+        """
+        if len(key) > self._max_key_bytes or len(key.encode()) > self._max_key_bytes:
+            raise InvalidRequestError(
+                f"store key of {len(key.encode())} bytes in job '{self.job_id}' is longer "
+                f"than the limit of {self._max_key_bytes} bytes"
+            )
+        if len(value) > self._max_value_bytes:
+            raise InvalidRequestError(
+                f"store value of {len(value)} bytes for key '{key[:64]}' in job "
+                f"'{self.job_id}' is larger than the limit of {self._max_value_bytes} bytes"
+            )
+
     def set(self, key: str, value: bytes) -> None:
-        """Sets ``key`` and wakes everyone waiting for it."""
+        """Sets ``key`` and wakes everyone waiting for it.
+
+        Raises:
+            InvalidRequestError: the key or the value is past the store's limits.
+        """
+        self.check(key, value)
         self._data[key] = value
         waiters = self._waiters.pop(key, None)
         if waiters:
@@ -41,6 +70,7 @@ class KeyValueStore:
         Raises:
             UnknownError: the key is not set.
         """
+        self.check(key)
         try:
             return self._data[key]
         except KeyError:
@@ -65,6 +95,8 @@ class KeyValueStore:
             KeyTimeoutError: some keys were still missing after ``timeout_s``;
                 the message names them.
         """
+        for key in keys:
+            self.check(key)
         missing = [k for k in keys if k not in self._data]
         if not missing:
             return
@@ -99,9 +131,13 @@ class KeyValueStore:
     def add(self, key: str, amount: int) -> int:
         """Adds ``amount`` to the integer at ``key`` (0 when absent); the new value.
 
+        Checks before writing: a refused Add leaves the key as it was.
+
         Raises:
             InvalidRequestError: the stored value is not a decimal integer.
+            OutOfRangeError: the new value would not fit in int64.
         """
+        self.check(key)
         raw = self._data.get(key, b"0")
         try:
             value = int(raw.decode("ascii")) + amount
@@ -109,11 +145,17 @@ class KeyValueStore:
             raise InvalidRequestError(
                 f"key '{key}' holds {raw[:32]!r}, which is not a decimal integer"
             ) from None
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise OutOfRangeError(
+                f"adding {amount} to key '{key}' of job '{self.job_id}' gives a value "
+                f"outside int64; the key keeps {raw[:32]!r}"
+            )
         self.set(key, str(value).encode("ascii"))
         return value
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         """Sets ``desired`` when the value equals ``expected`` (empty: absent); the value now."""
+        self.check(key, desired)
         current = self._data.get(key)
         if (current is None and expected == b"") or (current is not None and current == expected):
             self.set(key, desired)
@@ -122,4 +164,5 @@ class KeyValueStore:
 
     def delete(self, key: str) -> bool:
         """Deletes ``key``; whether it existed."""
+        self.check(key)
         return self._data.pop(key, None) is not None

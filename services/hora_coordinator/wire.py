@@ -244,6 +244,7 @@ def event_pb(event: Event) -> npb.Event:
         tensor_names=event.tensor_names,
         missing_ranks=event.missing_ranks,
         unix_ms=event.unix_ms,
+        ranks=event.ranks,
     )
 
 

@@ -106,7 +106,9 @@ def test_gathering_job_shows_its_joiners(coordinator, http):
             with pytest.raises(grpc.RpcError):
                 waiting.result(timeout=5)
         time.sleep(0.2)
-        assert http.get(f"/api/v1/jobs/{job}").json()["members"] == []  # forgotten
+        # The joiner is forgotten, and with it the job that only it was waiting for
+        # (issue 11: a gathering job whose joiners all went away is dropped).
+        assert http.get(f"/api/v1/jobs/{job}").status_code == 404
     finally:
         client.close()
 

@@ -211,7 +211,7 @@ class ResponseList(_message.Message):
     def __init__(self, responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("type", "generation", "rank", "host", "pid", "message", "tensor_names", "missing_ranks", "unix_ms")
+    __slots__ = ("type", "generation", "rank", "host", "pid", "message", "tensor_names", "missing_ranks", "unix_ms", "ranks")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +221,7 @@ class Event(_message.Message):
     TENSOR_NAMES_FIELD_NUMBER: _ClassVar[int]
     MISSING_RANKS_FIELD_NUMBER: _ClassVar[int]
     UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
     type: EventType
     generation: int
     rank: int
@@ -230,7 +231,8 @@ class Event(_message.Message):
     tensor_names: _containers.RepeatedScalarFieldContainer[str]
     missing_ranks: _containers.RepeatedScalarFieldContainer[int]
     unix_ms: int
-    def __init__(self, type: _Optional[_Union[EventType, str]] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., message: _Optional[str] = ..., tensor_names: _Optional[_Iterable[str]] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., unix_ms: _Optional[int] = ...) -> None: ...
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, type: _Optional[_Union[EventType, str]] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., message: _Optional[str] = ..., tensor_names: _Optional[_Iterable[str]] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., unix_ms: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
     __slots__ = ("responses", "event")

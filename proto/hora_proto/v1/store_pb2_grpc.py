@@ -86,7 +86,8 @@ class StoreServicer:
 
     def Add(self, request, context):
         """Adds amount to the integer stored at key (0 when absent, decimal ASCII
-        as in torch.distributed stores) and returns the new value.
+        as in torch.distributed stores) and returns the new value. OUT_OF_RANGE
+        when the result would not fit in int64; the key then keeps its value.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -26,6 +26,8 @@ _SAME_SHAPE = frozenset({OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTE
 _RAGGED_FIRST_DIM = frozenset({OpType.ALLGATHER, OpType.ALLTOALL})
 # OpType and ResponseType share numbers for the six collectives.
 _KNOWN_OPS = frozenset(range(OpType.ALLREDUCE, OpType.BARRIER + 1))
+# Numbers a newer trainer may send that this coordinator has no name for.
+_KNOWN_REDUCE_OPS = frozenset(ReduceOp)
 
 # Fields every rank must agree on, for every op.
 _AGREED_FIELDS = (
@@ -59,12 +61,21 @@ def format_ranks(ranks: Sequence[int]) -> str:
     return ",".join(parts)
 
 
+def _enum_name(kind: type[OpType] | type[ReduceOp], value: object) -> str:
+    """The member name of ``value``, or the bare number when this coordinator knows
+    no such member (proto3 enums are open: a newer peer may send any number)."""
+    try:
+        return kind(value).name  # type: ignore[arg-type]
+    except ValueError:
+        return str(value)
+
+
 def format_value(field_name: str, value: object) -> str:
     """One rank's value of a field as mismatch messages show it (enum names, lists)."""
     if field_name == "op_type":
-        return OpType(value).name  # type: ignore[arg-type]
+        return _enum_name(OpType, value)
     if field_name == "reduce_op":
-        return ReduceOp(value).name  # type: ignore[arg-type]
+        return _enum_name(ReduceOp, value)
     if isinstance(value, tuple):
         return "[" + ", ".join(str(v) for v in value) + "]"
     if value == "":
@@ -86,7 +97,7 @@ def mismatch_message(name: str, what: str, values: dict[int, str]) -> str:
 
 def op_name(op: int) -> str:
     """``allgather`` for OpType.ALLGATHER: the collective as messages name it."""
-    return OpType(op).name.lower()
+    return _enum_name(OpType, op).lower()
 
 
 def invalid_calls(tensor: PendingTensor) -> str | None:
@@ -117,6 +128,11 @@ def validate(tensor: PendingTensor) -> str | None:
     op = first.op_type
     if op not in _KNOWN_OPS:
         return f"tensor '{name}': op_type {format_value('op_type', op)} is not a collective"
+    if first.reduce_op not in _KNOWN_REDUCE_OPS:
+        return (
+            f"tensor '{name}': reduce_op {first.reduce_op} is not one this coordinator "
+            "knows (a trainer newer than the coordinator?)"
+        )
     if op in _SAME_SHAPE:
         shape = first.shape
         if any(subs[r].shape != shape for r in ranks[1:]):

@@ -63,7 +63,7 @@ from .job import (
     Round,
     new_job,
 )
-from .liveness import check, heartbeat
+from .liveness import check, forgive_stall, heartbeat
 from .process_sets import (
     add_process_set,
     call_add_process_set,
@@ -71,7 +71,7 @@ from .process_sets import (
     remove_process_set,
     withdraw_set_call,
 )
-from .rendezvous import cancel_join, join
+from .rendezvous import abandoned, cancel_join, join
 from .streams import handle_requests, open_stream
 from .views import (
     HeartbeatReply,
@@ -106,6 +106,7 @@ __all__ = [
     "Send",
     "WorldMember",
     "WorldView",
+    "abandoned",
     "add_process_set",
     "call_add_process_set",
     "call_remove_process_set",
@@ -114,6 +115,7 @@ __all__ = [
     "decide_after_loss",
     "elastic_order",
     "event_log",
+    "forgive_stall",
     "get_world",
     "handle_requests",
     "heartbeat",

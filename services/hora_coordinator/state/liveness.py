@@ -16,6 +16,7 @@ from .views import JOB_STATE, HeartbeatReply
 
 __all__ = [
     "check",
+    "forgive_stall",
     "heartbeat",
 ]
 
@@ -40,6 +41,25 @@ def heartbeat(job: Job, worker_id: str, now: float, lease_s: float) -> Heartbeat
         host_update_epoch=job.host_update_epoch,
         removals_only=job.removals_only,
     )
+
+
+def forgive_stall(job: Job, stalled_s: float) -> None:
+    """The coordinator itself did not run for ``stalled_s`` seconds (a long GC, a
+    slow request, SIGSTOP): that time must not count against the workers.
+
+    Heartbeats sent meanwhile are still queued, unread; so every lease, every
+    pending tensor's stall clock and an elastic round's deadline move on by
+    ``stalled_s``. A member that was really silent is lost all the same, one
+    lease after the coordinator resumed.
+    """
+    if stalled_s <= 0:
+        return
+    for member in job.members:
+        member.last_heartbeat += stalled_s
+    for tensor in job.table.pending.values():
+        tensor.first_seen += stalled_s
+    if job.round is not None:
+        job.round.opened_at += stalled_s
 
 
 def check(job: Job, now: float, lease_s: float) -> list[Effect]:

@@ -13,6 +13,7 @@ from .job import Job, JobPhase, MemberState, Round, new_joiner, record, round_co
 from .views import world_view
 
 __all__ = [
+    "abandoned",
     "cancel_join",
     "drop_joiner",
     "join",
@@ -94,6 +95,15 @@ def drop_joiner(rnd: Round, worker_id: str) -> None:
     joiner = rnd.joiners.pop(worker_id, None)
     if joiner is not None and joiner.rank_hint >= 0:
         rnd.hints.pop(joiner.rank_hint, None)
+
+
+def abandoned(job: Job) -> bool:
+    """Whether ``job`` never formed a world and nobody waits to join it any more.
+
+    Such a job holds nothing worth keeping (no member, no event that matters
+    after its joiners gave up): the coordinator forgets it.
+    """
+    return job.phase is JobPhase.GATHERING and job.generation == 0 and job.round is None
 
 
 def cancel_join(job: Job, worker_id: str, now: float | None = None) -> list[Effect]:

@@ -1,0 +1,183 @@
+"""Guarding the hora.v1 services: the token first, then the request bytes.
+
+:class:`TokenAuthInterceptor` checks the ``hora-token`` metadata before any
+request byte is decoded: the handlers it returns take raw bytes (no
+deserializer), so a caller without the token gets UNAUTHENTICATED whatever it
+sends, and the coordinator spends nothing on decoding it. Calls with the token
+are decoded by the interceptor's wrapper: bytes that do not decode end in
+INVALID_ARGUMENT (:class:`~.errors.InvalidRequestError`), not in gRPC's
+"Unexpected error" with a traceback in the log. Log lines about refusals are
+rate limited per kind (:class:`RefusalLog`), so that a flood of bad calls
+cannot flood the log.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from hora_proto.auth import TOKEN_METADATA_KEY
+
+from .errors import AuthenticationError, CoordinatorError, InvalidRequestError
+from .servicer import abort_with
+
+__all__ = ["RefusalLog", "TokenAuthInterceptor"]
+
+logger = logging.getLogger("hora_coordinator")
+
+_PROTECTED_PREFIX = "/hora.v1."
+
+_MISSING, _WRONG, _UNDECODABLE = "missing token", "wrong token", "undecodable request"
+
+
+class RefusalLog:
+    """At most one WARNING line per kind of refusal per ``interval_s``.
+
+    The first refusal of a kind is logged; those within ``interval_s`` of the
+    last logged one are only counted, and the next logged line says how many
+    were left out. Runs on the event loop; not thread-safe.
+
+    Args:
+        interval_s: Seconds between two lines of one kind; 0 logs every refusal.
+        clock: Monotonic seconds; injectable for tests.
+    """
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._left_out: dict[str, int] = {}
+
+    def refused(self, kind: str, text: str) -> None:
+        """Logs ``text`` unless a line of ``kind`` went out less than the interval ago."""
+        now = self._clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self._interval_s:
+            self._left_out[kind] = self._left_out.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        left_out = self._left_out.pop(kind, 0)
+        if left_out:
+            text += f" ({left_out} more refusals of this kind since the last such line)"
+        logger.warning("%s", text)
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses hora.v1 calls without the right ``hora-token`` metadata, before decoding.
+
+    Other services (grpc.health.v1) pass through untouched, so that probes
+    need no secret.
+
+    Args:
+        token: The token calls must carry.
+        log: Where refusals are logged (rate limited).
+    """
+
+    def __init__(self, token: str, log: RefusalLog | None = None) -> None:
+        self._token = token.encode()
+        self._log = log if log is not None else RefusalLog(0.0)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not method.startswith(_PROTECTED_PREFIX):
+            return handler
+        sent = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == TOKEN_METADATA_KEY:
+                sent = value
+                break
+        if sent is None:
+            kind = _MISSING
+            problem = (
+                f"missing job token: send the coordinator's token in metadata key "
+                f"'{TOKEN_METADATA_KEY}'"
+            )
+        elif not secrets.compare_digest(
+            sent.encode() if isinstance(sent, str) else bytes(sent), self._token
+        ):
+            kind = _WRONG
+            problem = f"wrong job token in metadata key '{TOKEN_METADATA_KEY}'"
+        else:
+            return _decoding(handler, method, self._log)
+        return _with_raw_requests(handler, _refusal(method, kind, problem, self._log))
+
+
+def _refusal(method: str, kind: str, problem: str, log: RefusalLog) -> Callable[..., Any]:
+    async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        log.refused(kind, f"refused {method} from {context.peer()}: {problem}")
+        await abort_with(context, AuthenticationError(problem))
+
+    return refuse
+
+
+def _undecodable(method: str, what: str, log: RefusalLog, context: Any) -> InvalidRequestError:
+    problem = f"the request bytes do not decode as {what}"
+    log.refused(_UNDECODABLE, f"refused {method} from {context.peer()}: {problem}")
+    return InvalidRequestError(f"{problem} (method {method})")
+
+
+def _decoding(
+    handler: grpc.RpcMethodHandler, method: str, log: RefusalLog
+) -> grpc.RpcMethodHandler:
+    """``handler`` taking raw bytes and decoding them itself, refusing what does not decode.
+
+    A request stream is decoded message by message; an undecodable one raises
+    InvalidRequestError where the servicer reads it (the servicer maps it).
+    """
+    decode = handler.request_deserializer
+    if handler.request_streaming:
+        behavior = handler.stream_stream or handler.stream_unary
+    else:
+        behavior = handler.unary_stream or handler.unary_unary
+    if decode is None or not inspect.iscoroutinefunction(behavior):
+        return handler  # nothing to decode, or not a coroutine handler: leave it as it is
+    descriptor = getattr(getattr(decode, "__self__", None), "DESCRIPTOR", None)
+    what = getattr(descriptor, "full_name", "the method's request message")
+
+    if handler.request_streaming:
+
+        async def stream(raw_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def decoded() -> AsyncIterator[Any]:
+                async for raw in raw_iterator:
+                    try:
+                        yield decode(raw)
+                    except DecodeError:
+                        raise _undecodable(method, what, log, context) from None
+
+            return await behavior(decoded(), context)
+
+        return _with_raw_requests(handler, stream)
+
+    async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = decode(raw)
+        except DecodeError:
+            error: CoordinatorError = _undecodable(method, what, log, context)
+            await abort_with(context, error)
+        return await behavior(request, context)
+
+    return _with_raw_requests(handler, unary)
+
+
+def _with_raw_requests(
+    handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]
+) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` running ``behavior`` on undecoded bytes."""
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(
+        behavior, request_deserializer=None, response_serializer=handler.response_serializer
+    )
