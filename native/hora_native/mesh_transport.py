@@ -26,7 +26,9 @@ rank can reach exchange k+2 before every peer has finished exchange k.
 
 The mesh bootstraps through the same store as the data plane: each rank
 listens on an ephemeral port and publishes ``host:port``; lower ranks accept,
-higher ranks connect.
+higher ranks connect. Every connection proves the job token both ways
+before it carries anything (:mod:`.mesh_handshake`); the shared segments'
+names come from the store and the authenticated connections only.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from .base import BackendError
+from .mesh_handshake import HANDSHAKE_TIMEOUT, accept_peers, connect_peer
 
 __all__ = ["MAX_MESH_SIZE", "MeshTransport"]
 
@@ -53,7 +56,6 @@ MAX_MESH_SIZE = 32
 
 log = logging.getLogger("hora")
 
-_HELLO = struct.Struct("<i")
 # A message: number of int64 values, payload bytes, where the payload lies in the
 # sender's shared segment (offset, segment version; version -1: the bytes follow
 # the values on the socket); then the values, then any inline payload.
@@ -76,11 +78,21 @@ class MeshTransport:
         shm_prefix: the path every segment file of this mesh starts with (the
             engine names the job in it, so that the launcher can remove what
             a killed worker left behind).
+        token: the job token; every connection proves it both ways
+            (:mod:`.mesh_handshake`) and it never travels.
+        context: names the job and generation; bound into every proof.
+        handshake_timeout: the longest an accepted connection may take to
+            prove itself.
+
+    Raises:
+        ValueError: ``token`` is empty.
+        BackendError: the set-up failed or timed out.
     """
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
                  address: str, shared_memory: bool = True,
-                 shm_prefix: str = _DEFAULT_SHM_PREFIX) -> None:
+                 shm_prefix: str = _DEFAULT_SHM_PREFIX, *, token: str, context: str = "",
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
         self.rank = rank
         self.size = size
         self._peers: dict[int, socket.socket] = {}
@@ -102,26 +114,29 @@ class MeshTransport:
         self.waiting_for: tuple[int, ...] = ()
         self._shm_refused = 1 << 62  # the smallest payload /dev/shm had no room for
         seconds = timeout.total_seconds()
+        if not token:
+            raise ValueError("the mesh needs the job token to authenticate its peers")
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             listener.bind((address, 0))
-            listener.listen(max(size, 1))
-            listener.settimeout(seconds)
+            listener.listen(size + 16)  # room for strangers refused meanwhile
+            deadline = time.monotonic() + seconds
             store.set(f"ctl/{rank}", f"{address}:{listener.getsockname()[1]}")
             for peer in range(rank):
                 host, port = store.get(f"ctl/{peer}").decode().rsplit(":", 1)
-                conn = socket.create_connection((host, int(port)), timeout=seconds)
-                conn.sendall(_HELLO.pack(rank))
-                self._peers[peer] = conn
-            for _ in range(rank + 1, size):
-                conn, _addr = listener.accept()
-                conn.settimeout(seconds)
-                (peer,) = _HELLO.unpack(self._recv(conn, _HELLO.size, "hello"))
-                self._peers[peer] = conn
+                self._peers[peer] = connect_peer(
+                    (host, int(port)), token, context, size, rank, peer,
+                    max(0.0, deadline - time.monotonic()))
+            self._peers.update(accept_peers(
+                listener, token, context, size, rank, set(range(rank + 1, size)), deadline,
+                min(handshake_timeout, seconds)))
         except (OSError, RuntimeError) as exc:
             self.close()
             raise BackendError(f"control mesh: rank {rank} of {size} could not connect: "
                                f"{exc}") from exc
+        except BaseException:
+            self.close()
+            raise
         finally:
             listener.close()
         for conn in self._peers.values():
@@ -229,17 +244,6 @@ class MeshTransport:
                 found[1].close()
             self._peer_segments[peer] = found = (version, segment)
         return found[1].tensor[offset:offset + nbytes]
-
-    def _recv(self, conn: socket.socket, n: int, what: str) -> bytes:
-        chunks = []
-        while n:
-            chunk = conn.recv(n)
-            if not chunk:
-                raise BackendError(f"control mesh: a peer of rank {self.rank} closed its "
-                                   f"connection during {what}")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
 
     def min(self, values: Sequence[int]) -> list[int]:
         """Element-wise minimum of every rank's ``values`` (all ranks pass the same length).

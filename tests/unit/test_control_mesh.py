@@ -13,6 +13,8 @@ import torch.distributed as dist
 from hora_native import BackendError
 from hora_native.mesh_transport import MeshTransport as ControlMesh
 
+TOKEN = "unit-test-token"
+
 
 def build(size: int, timeout: float = 10.0, shared: bool = False) -> list[ControlMesh]:
     store = dist.HashStore()
@@ -20,7 +22,7 @@ def build(size: int, timeout: float = 10.0, shared: bool = False) -> list[Contro
 
     def make(rank: int) -> None:
         meshes[rank] = ControlMesh(store, rank, size, timedelta(seconds=timeout), "127.0.0.1",
-                                   shared_memory=shared)
+                                   shared_memory=shared, token=TOKEN, context="job/gen-1/")
 
     run_all([lambda r=r: make(r) for r in range(size)])
     return meshes  # type: ignore[return-value]
