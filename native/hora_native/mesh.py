@@ -160,6 +160,10 @@ class MeshBackend:
         """The payloads of one exchange, with the layout each rank sent them in."""
         return MeshRound(messages, layouts)
 
+    def abort(self, reason: str) -> None:
+        """Fails the exchange in progress and every later one (any thread)."""
+        self.transport.abort(reason)
+
     def close(self) -> None:
         self.transport.close()
 

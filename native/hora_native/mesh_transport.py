@@ -34,7 +34,6 @@ names come from the store and the authenticated connections only.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import select
 import socket
@@ -49,6 +48,7 @@ import torch.distributed as dist
 
 from .base import BackendError
 from .mesh_handshake import HANDSHAKE_TIMEOUT, accept_peers, connect_peer
+from .mesh_segments import Segment, at_least, unlink
 
 __all__ = ["MAX_MESH_SIZE", "MeshTransport"]
 
@@ -93,6 +93,8 @@ class MeshTransport:
                  address: str, shared_memory: bool = True,
                  shm_prefix: str = _DEFAULT_SHM_PREFIX, *, token: str, context: str = "",
                  handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
+        if not token:
+            raise ValueError("the mesh needs the job token to authenticate its peers")
         self.rank = rank
         self.size = size
         self._peers: dict[int, socket.socket] = {}
@@ -101,11 +103,11 @@ class MeshTransport:
         # to unlink once every peer has opened it.
         self.shared = False
         self._shm_prefix = shm_prefix
-        self._segment: _Segment | None = None
+        self._segment: Segment | None = None
         self._version = -1
         self._prefix = ""
         self._peer_prefix: dict[int, str] = {}
-        self._peer_segments: dict[int, tuple[int, _Segment]] = {}
+        self._peer_segments: dict[int, tuple[int, Segment]] = {}
         self._unlink_after: list[tuple[int, str]] = []
         self._exchanges = 0
         #: The peers whose message the exchange in progress still lacks
@@ -113,9 +115,11 @@ class MeshTransport:
         #: a stalled exchange waits for.
         self.waiting_for: tuple[int, ...] = ()
         self._shm_refused = 1 << 62  # the smallest payload /dev/shm had no room for
+        # abort() wakes an exchange blocked in select through this pair.
+        self._aborted: str | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
         seconds = timeout.total_seconds()
-        if not token:
-            raise ValueError("the mesh needs the job token to authenticate its peers")
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             listener.bind((address, 0))
@@ -204,7 +208,7 @@ class MeshTransport:
                 log.warning("rank %d: no room in %s for a %d byte payload (%s); payloads "
                             "this large go over the mesh's sockets instead", self.rank,
                             os.path.dirname(self._shm_prefix), nbytes, exc)
-        self._send = _at_least(self._send, nbytes)
+        self._send = at_least(self._send, nbytes)
         return self._send[:nbytes]
 
     def _shared_buffer(self, nbytes: int) -> torch.Tensor:
@@ -216,7 +220,7 @@ class MeshTransport:
                 self._version += 1
                 path = f"{self._prefix}-{self.rank}-{self._version}"
                 try:
-                    grown = _Segment(path, 2 * half, create=True)
+                    grown = Segment(path, 2 * half, create=True)
                     break
                 except OSError:
                     if half == nbytes:
@@ -236,7 +240,7 @@ class MeshTransport:
         if found is None or found[0] != version:
             path = f"{self._peer_prefix[peer]}-{peer}-{version}"
             try:
-                segment = _Segment(path, 0, create=False)
+                segment = Segment(path, 0, create=False)
             except OSError as exc:
                 raise BackendError(f"control mesh: rank {self.rank} could not open rank "
                                    f"{peer}'s shared segment {path}: {exc}") from exc
@@ -268,6 +272,9 @@ class MeshTransport:
         Raises:
             BackendError: a peer died, disagreed on the length, or the timeout passed.
         """
+        if self._aborted is not None:
+            raise BackendError(f"control mesh: rank {self.rank}'s exchanges were aborted: "
+                               f"{self._aborted}")
         n = len(values)
         nbytes = 0 if payload is None else payload.numel()
         segment = self._segment
@@ -293,8 +300,13 @@ class MeshTransport:
                     del sending[peer]
             while sending or receiving:
                 ready_in, ready_out, _ = select.select(
-                    [self._peers[p] for p in receiving], [self._peers[p] for p in sending],
-                    [], max(0.0, deadline - time.monotonic()))
+                    [self._wake_r, *(self._peers[p] for p in receiving)],
+                    [self._peers[p] for p in sending], [],
+                    max(0.0, deadline - time.monotonic()))
+                if self._aborted is not None:
+                    raise BackendError(
+                        f"control mesh: rank {self.rank}'s exchange waiting for rank(s) "
+                        f"{sorted(receiving) or sorted(sending)} was aborted: {self._aborted}")
                 if not ready_in and not ready_out:
                     raise BackendError(
                         f"control mesh: rank {self.rank} heard nothing from rank(s) "
@@ -315,15 +327,30 @@ class MeshTransport:
             self.waiting_for = ()
         self._exchanges += 1
         while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
-            _unlink(self._unlink_after.pop(0)[1])
+            unlink(self._unlink_after.pop(0)[1])
         return result
 
     def _buffer(self, peer: int, nbytes: int) -> torch.Tensor:
         """The reused receive buffer for ``peer``, ``nbytes`` long."""
-        buf = self._buffers[peer] = _at_least(self._buffers.get(peer), nbytes)
+        buf = self._buffers[peer] = at_least(self._buffers.get(peer), nbytes)
         return buf[:nbytes]
 
+    def abort(self, reason: str) -> None:
+        """Fails the exchange in progress, if any, and every later one, with ``reason``.
+
+        Safe from any thread. The engine calls it when the generation fails
+        (a lost peer, say): an exchange with a stopped peer would otherwise
+        wait out the whole timeout, since the peer's sockets stay open.
+        """
+        if self._aborted is None:
+            self._aborted = reason or "aborted"
+        try:
+            self._wake_w.send(b"!")
+        except OSError:
+            pass  # already woken (a full buffer), or closed
+
     def close(self) -> None:
+        self.abort("the mesh is closed")
         peers, self._peers = self._peers, {}
         for conn in peers.values():
             try:
@@ -331,7 +358,7 @@ class MeshTransport:
             except OSError:
                 pass
         for _exchange, path in self._unlink_after:
-            _unlink(path)
+            unlink(path)
         self._unlink_after.clear()
         if self._segment is not None:
             self._segment.close()
@@ -339,52 +366,8 @@ class MeshTransport:
         for _version, segment in self._peer_segments.values():
             segment.close()
         self._peer_segments.clear()
-
-
-def _at_least(buf: torch.Tensor | None, nbytes: int) -> torch.Tensor:
-    """``buf`` if it holds ``nbytes``, else a uint8 buffer grown geometrically."""
-    if buf is not None and buf.numel() >= nbytes:
-        return buf
-    return torch.empty(max(nbytes, 2 * buf.numel() if buf is not None else 0),
-                       dtype=torch.uint8)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-class _Segment:
-    """A file in /dev/shm, mapped into this process; ``half`` is half its size."""
-
-    def __init__(self, path: str, size: int, create: bool) -> None:
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
-        try:
-            if create:
-                try:
-                    # Reserve the pages now: a full tmpfs then fails here with
-                    # ENOSPC instead of killing the process with SIGBUS later.
-                    os.posix_fallocate(fd, 0, size)
-                except OSError:
-                    os.unlink(path)
-                    raise
-            else:
-                size = os.fstat(fd).st_size
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.half = size // 2
-        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
-
-    def close(self) -> None:
-        del self.tensor
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # a view is still alive; the mapping goes with it
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 class _Outgoing:

@@ -88,6 +88,10 @@ class Engine:
                 # Peers prove the job token, bound to this job and generation.
                 token=settings.token, context=world.store_prefix)
         self._mesh = mesh
+        if mesh is not None:
+            # A failed generation runs no more rounds: wake a round blocked on
+            # a peer that will never answer (a stopped one keeps its sockets open).
+            self._pending.on_fail.append(lambda: mesh.abort(str(self._pending.failure)))
         self.agreement = Agreement(settings, world.rank, world.size, self._pending,
                                    self._executor, send=lambda r: self._negotiator.send(r),
                                    mesh=mesh)
