@@ -66,8 +66,8 @@ class MeshBackend:
     """The mesh transport of the global set plus the payload layout and reduction.
 
     Args:
-        store, rank, size, timeout, address, shared_memory, shm_prefix: as
-            for :class:`~.mesh_transport.MeshTransport`.
+        store, rank, size, timeout, address, shared_memory, shm_prefix, token,
+            context: as for :class:`~.mesh_transport.MeshTransport`.
         shm_bytes: the most payload bytes per rank when payloads lie in
             shared memory.
         socket_bytes: the most payload bytes per round over sockets, split
@@ -78,11 +78,12 @@ class MeshBackend:
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
                  address: str, *, shared_memory: bool, shm_prefix: str, shm_bytes: int,
-                 socket_bytes: int) -> None:
+                 socket_bytes: int, token: str, context: str) -> None:
         self.rank = rank
         self.size = size
         self.transport = MeshTransport(store, rank, size, timeout, address,
-                                       shared_memory=shared_memory, shm_prefix=shm_prefix)
+                                       shared_memory=shared_memory, shm_prefix=shm_prefix,
+                                       token=token, context=context)
         #: The payload budget this rank proposes (rank 0's is agreed on).
         self.budget = shm_bytes if self.transport.shared else socket_bytes // (size - 1)
         self._layouts: dict[tuple[int, ...], Layout] = {}
@@ -158,6 +159,10 @@ class MeshBackend:
     def round(self, messages: list[Message], layouts: list[dict[int, int]]) -> MeshRound:
         """The payloads of one exchange, with the layout each rank sent them in."""
         return MeshRound(messages, layouts)
+
+    def abort(self, reason: str) -> None:
+        """Fails the exchange in progress and every later one (any thread)."""
+        self.transport.abort(reason)
 
     def close(self) -> None:
         self.transport.close()

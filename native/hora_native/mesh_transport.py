@@ -26,13 +26,14 @@ rank can reach exchange k+2 before every peer has finished exchange k.
 
 The mesh bootstraps through the same store as the data plane: each rank
 listens on an ephemeral port and publishes ``host:port``; lower ranks accept,
-higher ranks connect.
+higher ranks connect. Every connection proves the job token both ways
+before it carries anything (:mod:`.mesh_handshake`); the shared segments'
+names come from the store and the authenticated connections only.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import select
 import socket
@@ -46,6 +47,8 @@ import torch
 import torch.distributed as dist
 
 from .base import BackendError
+from .mesh_handshake import HANDSHAKE_TIMEOUT, accept_peers, connect_peer
+from .mesh_segments import Segment, at_least, unlink
 
 __all__ = ["MAX_MESH_SIZE", "MeshTransport"]
 
@@ -53,7 +56,6 @@ MAX_MESH_SIZE = 32
 
 log = logging.getLogger("hora")
 
-_HELLO = struct.Struct("<i")
 # A message: number of int64 values, payload bytes, where the payload lies in the
 # sender's shared segment (offset, segment version; version -1: the bytes follow
 # the values on the socket); then the values, then any inline payload.
@@ -76,11 +78,23 @@ class MeshTransport:
         shm_prefix: the path every segment file of this mesh starts with (the
             engine names the job in it, so that the launcher can remove what
             a killed worker left behind).
+        token: the job token; every connection proves it both ways
+            (:mod:`.mesh_handshake`) and it never travels.
+        context: names the job and generation; bound into every proof.
+        handshake_timeout: the longest an accepted connection may take to
+            prove itself.
+
+    Raises:
+        ValueError: ``token`` is empty.
+        BackendError: the set-up failed or timed out.
     """
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
                  address: str, shared_memory: bool = True,
-                 shm_prefix: str = _DEFAULT_SHM_PREFIX) -> None:
+                 shm_prefix: str = _DEFAULT_SHM_PREFIX, *, token: str, context: str = "",
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
+        if not token:
+            raise ValueError("the mesh needs the job token to authenticate its peers")
         self.rank = rank
         self.size = size
         self._peers: dict[int, socket.socket] = {}
@@ -89,11 +103,11 @@ class MeshTransport:
         # to unlink once every peer has opened it.
         self.shared = False
         self._shm_prefix = shm_prefix
-        self._segment: _Segment | None = None
+        self._segment: Segment | None = None
         self._version = -1
         self._prefix = ""
         self._peer_prefix: dict[int, str] = {}
-        self._peer_segments: dict[int, tuple[int, _Segment]] = {}
+        self._peer_segments: dict[int, tuple[int, Segment]] = {}
         self._unlink_after: list[tuple[int, str]] = []
         self._exchanges = 0
         #: The peers whose message the exchange in progress still lacks
@@ -101,27 +115,32 @@ class MeshTransport:
         #: a stalled exchange waits for.
         self.waiting_for: tuple[int, ...] = ()
         self._shm_refused = 1 << 62  # the smallest payload /dev/shm had no room for
+        # abort() wakes an exchange blocked in select through this pair.
+        self._aborted: str | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
         seconds = timeout.total_seconds()
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             listener.bind((address, 0))
-            listener.listen(max(size, 1))
-            listener.settimeout(seconds)
+            listener.listen(size + 16)  # room for strangers refused meanwhile
+            deadline = time.monotonic() + seconds
             store.set(f"ctl/{rank}", f"{address}:{listener.getsockname()[1]}")
             for peer in range(rank):
                 host, port = store.get(f"ctl/{peer}").decode().rsplit(":", 1)
-                conn = socket.create_connection((host, int(port)), timeout=seconds)
-                conn.sendall(_HELLO.pack(rank))
-                self._peers[peer] = conn
-            for _ in range(rank + 1, size):
-                conn, _addr = listener.accept()
-                conn.settimeout(seconds)
-                (peer,) = _HELLO.unpack(self._recv(conn, _HELLO.size, "hello"))
-                self._peers[peer] = conn
+                self._peers[peer] = connect_peer(
+                    (host, int(port)), token, context, size, rank, peer,
+                    max(0.0, deadline - time.monotonic()))
+            self._peers.update(accept_peers(
+                listener, token, context, size, rank, set(range(rank + 1, size)), deadline,
+                min(handshake_timeout, seconds)))
         except (OSError, RuntimeError) as exc:
             self.close()
             raise BackendError(f"control mesh: rank {rank} of {size} could not connect: "
                                f"{exc}") from exc
+        except BaseException:
+            self.close()
+            raise
         finally:
             listener.close()
         for conn in self._peers.values():
@@ -189,7 +208,7 @@ class MeshTransport:
                 log.warning("rank %d: no room in %s for a %d byte payload (%s); payloads "
                             "this large go over the mesh's sockets instead", self.rank,
                             os.path.dirname(self._shm_prefix), nbytes, exc)
-        self._send = _at_least(self._send, nbytes)
+        self._send = at_least(self._send, nbytes)
         return self._send[:nbytes]
 
     def _shared_buffer(self, nbytes: int) -> torch.Tensor:
@@ -201,7 +220,7 @@ class MeshTransport:
                 self._version += 1
                 path = f"{self._prefix}-{self.rank}-{self._version}"
                 try:
-                    grown = _Segment(path, 2 * half, create=True)
+                    grown = Segment(path, 2 * half, create=True)
                     break
                 except OSError:
                     if half == nbytes:
@@ -221,7 +240,7 @@ class MeshTransport:
         if found is None or found[0] != version:
             path = f"{self._peer_prefix[peer]}-{peer}-{version}"
             try:
-                segment = _Segment(path, 0, create=False)
+                segment = Segment(path, 0, create=False)
             except OSError as exc:
                 raise BackendError(f"control mesh: rank {self.rank} could not open rank "
                                    f"{peer}'s shared segment {path}: {exc}") from exc
@@ -229,17 +248,6 @@ class MeshTransport:
                 found[1].close()
             self._peer_segments[peer] = found = (version, segment)
         return found[1].tensor[offset:offset + nbytes]
-
-    def _recv(self, conn: socket.socket, n: int, what: str) -> bytes:
-        chunks = []
-        while n:
-            chunk = conn.recv(n)
-            if not chunk:
-                raise BackendError(f"control mesh: a peer of rank {self.rank} closed its "
-                                   f"connection during {what}")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
 
     def min(self, values: Sequence[int]) -> list[int]:
         """Element-wise minimum of every rank's ``values`` (all ranks pass the same length).
@@ -264,6 +272,9 @@ class MeshTransport:
         Raises:
             BackendError: a peer died, disagreed on the length, or the timeout passed.
         """
+        if self._aborted is not None:
+            raise BackendError(f"control mesh: rank {self.rank}'s exchanges were aborted: "
+                               f"{self._aborted}")
         n = len(values)
         nbytes = 0 if payload is None else payload.numel()
         segment = self._segment
@@ -289,8 +300,13 @@ class MeshTransport:
                     del sending[peer]
             while sending or receiving:
                 ready_in, ready_out, _ = select.select(
-                    [self._peers[p] for p in receiving], [self._peers[p] for p in sending],
-                    [], max(0.0, deadline - time.monotonic()))
+                    [self._wake_r, *(self._peers[p] for p in receiving)],
+                    [self._peers[p] for p in sending], [],
+                    max(0.0, deadline - time.monotonic()))
+                if self._aborted is not None:
+                    raise BackendError(
+                        f"control mesh: rank {self.rank}'s exchange waiting for rank(s) "
+                        f"{sorted(receiving) or sorted(sending)} was aborted: {self._aborted}")
                 if not ready_in and not ready_out:
                     raise BackendError(
                         f"control mesh: rank {self.rank} heard nothing from rank(s) "
@@ -311,15 +327,30 @@ class MeshTransport:
             self.waiting_for = ()
         self._exchanges += 1
         while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
-            _unlink(self._unlink_after.pop(0)[1])
+            unlink(self._unlink_after.pop(0)[1])
         return result
 
     def _buffer(self, peer: int, nbytes: int) -> torch.Tensor:
         """The reused receive buffer for ``peer``, ``nbytes`` long."""
-        buf = self._buffers[peer] = _at_least(self._buffers.get(peer), nbytes)
+        buf = self._buffers[peer] = at_least(self._buffers.get(peer), nbytes)
         return buf[:nbytes]
 
+    def abort(self, reason: str) -> None:
+        """Fails the exchange in progress, if any, and every later one, with ``reason``.
+
+        Safe from any thread. The engine calls it when the generation fails
+        (a lost peer, say): an exchange with a stopped peer would otherwise
+        wait out the whole timeout, since the peer's sockets stay open.
+        """
+        if self._aborted is None:
+            self._aborted = reason or "aborted"
+        try:
+            self._wake_w.send(b"!")
+        except OSError:
+            pass  # already woken (a full buffer), or closed
+
     def close(self) -> None:
+        self.abort("the mesh is closed")
         peers, self._peers = self._peers, {}
         for conn in peers.values():
             try:
@@ -327,7 +358,7 @@ class MeshTransport:
             except OSError:
                 pass
         for _exchange, path in self._unlink_after:
-            _unlink(path)
+            unlink(path)
         self._unlink_after.clear()
         if self._segment is not None:
             self._segment.close()
@@ -335,52 +366,8 @@ class MeshTransport:
         for _version, segment in self._peer_segments.values():
             segment.close()
         self._peer_segments.clear()
-
-
-def _at_least(buf: torch.Tensor | None, nbytes: int) -> torch.Tensor:
-    """``buf`` if it holds ``nbytes``, else a uint8 buffer grown geometrically."""
-    if buf is not None and buf.numel() >= nbytes:
-        return buf
-    return torch.empty(max(nbytes, 2 * buf.numel() if buf is not None else 0),
-                       dtype=torch.uint8)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-class _Segment:
-    """A file in /dev/shm, mapped into this process; ``half`` is half its size."""
-
-    def __init__(self, path: str, size: int, create: bool) -> None:
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
-        try:
-            if create:
-                try:
-                    # Reserve the pages now: a full tmpfs then fails here with
-                    # ENOSPC instead of killing the process with SIGBUS later.
-                    os.posix_fallocate(fd, 0, size)
-                except OSError:
-                    os.unlink(path)
-                    raise
-            else:
-                size = os.fstat(fd).st_size
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.half = size // 2
-        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
-
-    def close(self) -> None:
-        del self.tensor
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # a view is still alive; the mapping goes with it
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 class _Outgoing:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -13,6 +14,8 @@ import torch.distributed as dist
 from hora_native import BackendError
 from hora_native.mesh_transport import MeshTransport as ControlMesh
 
+TOKEN = "unit-test-token"
+
 
 def build(size: int, timeout: float = 10.0, shared: bool = False) -> list[ControlMesh]:
     store = dist.HashStore()
@@ -20,7 +23,7 @@ def build(size: int, timeout: float = 10.0, shared: bool = False) -> list[Contro
 
     def make(rank: int) -> None:
         meshes[rank] = ControlMesh(store, rank, size, timedelta(seconds=timeout), "127.0.0.1",
-                                   shared_memory=shared)
+                                   shared_memory=shared, token=TOKEN, context="job/gen-1/")
 
     run_all([lambda r=r: make(r) for r in range(size)])
     return meshes  # type: ignore[return-value]
@@ -118,3 +121,20 @@ def test_shared_segments_leave_no_files_behind():
     for mesh in meshes:
         mesh.close()
     assert set(os.listdir("/dev/shm")) <= before
+
+
+def test_abort_wakes_an_exchange_blocked_on_a_silent_peer_at_once():
+    """A stopped peer keeps its sockets open; abort must not wait for the timeout."""
+    meshes = build(2, timeout=60.0)
+    timer = threading.Timer(0.5, meshes[0].abort, args=("rank 1 was lost",))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=r"waiting for rank\(s\) \[1\] was aborted: rank 1 "
+                                           r"was lost"):
+        meshes[0].exchange([1], payload(0, 100))
+    assert time.monotonic() - started < 10
+    with pytest.raises(BackendError, match="aborted: rank 1 was lost"):
+        meshes[0].exchange([1])  # and every later exchange
+    timer.join()
+    for mesh in meshes:
+        mesh.close()

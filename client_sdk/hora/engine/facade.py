@@ -84,8 +84,14 @@ class Engine:
                 shared_memory=settings.shm_allreduce_bytes > 0,
                 shm_prefix=segment_prefix(settings.job_id),
                 shm_bytes=settings.shm_allreduce_bytes,
-                socket_bytes=settings.mesh_allreduce_bytes)
+                socket_bytes=settings.mesh_allreduce_bytes,
+                # Peers prove the job token, bound to this job and generation.
+                token=settings.token, context=world.store_prefix)
         self._mesh = mesh
+        if mesh is not None:
+            # A failed generation runs no more rounds: wake a round blocked on
+            # a peer that will never answer (a stopped one keeps its sockets open).
+            self._pending.on_fail.append(lambda: mesh.abort(str(self._pending.failure)))
         self.agreement = Agreement(settings, world.rank, world.size, self._pending,
                                    self._executor, send=lambda r: self._negotiator.send(r),
                                    mesh=mesh)

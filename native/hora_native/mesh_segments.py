@@ -1,0 +1,56 @@
+"""Shared-memory segments of the mesh (files in /dev/shm) and its reused buffers."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import torch
+
+__all__ = ["Segment", "at_least", "unlink"]
+
+
+def at_least(buf: torch.Tensor | None, nbytes: int) -> torch.Tensor:
+    """``buf`` if it holds ``nbytes``, else a uint8 buffer grown geometrically."""
+    if buf is not None and buf.numel() >= nbytes:
+        return buf
+    return torch.empty(max(nbytes, 2 * buf.numel() if buf is not None else 0),
+                       dtype=torch.uint8)
+
+
+def unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class Segment:
+    """A file in /dev/shm, mapped into this process; ``half`` is half its size."""
+
+    def __init__(self, path: str, size: int, create: bool) -> None:
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                try:
+                    # Reserve the pages now: a full tmpfs then fails here with
+                    # ENOSPC instead of killing the process with SIGBUS later.
+                    os.posix_fallocate(fd, 0, size)
+                except OSError:
+                    os.unlink(path)
+                    raise
+            else:
+                size = os.fstat(fd).st_size
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.half = size // 2
+        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+
+    def close(self) -> None:
+        del self.tensor
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a view is still alive; the mapping goes with it
