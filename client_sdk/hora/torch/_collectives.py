@@ -32,6 +32,7 @@ from .. import _runtime
 from .._ops import OpType, ReduceOp
 from ..engine import Entry, Handle
 from ..errors import InvalidTypeError
+from ._adasum_rule import adasum_reduce
 from ._basics import (
     ProcessSet,
     check_process_set,
@@ -182,7 +183,6 @@ class _AdasumHandle(Handle):
         return self.inner.done()
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
-        from ._adasum_rule import adasum_reduce
 
         gathered = self.inner.wait(timeout)
         combined = adasum_reduce(list(gathered * self.pre if self.pre != 1.0 else gathered))

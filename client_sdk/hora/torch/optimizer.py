@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .. import _runtime
+from ._adasum_rule import adasum_reduce
 from .compression import Compression
 from .mpi_ops import (
     Adasum,
@@ -383,7 +384,6 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def step(self, closure: Any = None) -> Any:
-        from ._adasum_rule import adasum_reduce
 
         params = [p for group in self.param_groups for p in group["params"]]
         starts = [p.detach().clone() for p in params]
