@@ -317,11 +317,17 @@ class Agreement:
             # Where each rank's payload holds which tensors. A rank that could
             # not send its payload sent none: its tensors go through Gloo, on
             # every rank alike.
+            # In training every rank sent the same vector: one layout serves all.
+            width = len(agreed.slots)
+            by_vector: dict[tuple[int, ...], tuple[dict[int, int], int]] = {}
             layouts = []
             for theirs, sent in messages:
-                offsets, total = self._layout(
-                    [slot for slot, value in enumerate(theirs[:len(agreed.slots)])
-                     if value == READY])
+                key = tuple(theirs[:width])
+                found = by_vector.get(key)
+                if found is None:
+                    found = by_vector[key] = self._layout(
+                        [slot for slot, value in enumerate(key) if value == READY])
+                offsets, total = found
                 layouts.append(offsets if sent is not None and sent.numel() == total else {})
             return agreed, mesh.round(messages, layouts)
         group = self._executor.sets.get(0)
