@@ -121,3 +121,42 @@ def test_a_world_of_one_refuses_a_bad_process_set_call_as_a_larger_world_does(tm
     assert lines[2].startswith("InvalidCallError: add_process_set failed on every rank because "
                                "of rank 0: ProcessSet("), lines
     assert lines[2].endswith("has already been added"), lines
+
+
+BACKGROUND_ROUND_FAULT = textwrap.dedent("""
+    import time
+    import torch
+    import hora.torch as hvd
+    from hora.engine import agreement
+
+    hvd.init()
+    t = torch.ones(4)
+    for _ in range(3):  # cached from here on: the background thread runs its rounds
+        hvd.allreduce(t, name="x")
+    real = agreement.Agreement._exchange
+
+    def broken(self, vector, ready):  # a fault that is not a transport error
+        raise RuntimeError("injected fault")
+
+    agreement.Agreement._exchange = broken
+    handle = hvd.allreduce_async(t, name="x")
+    time.sleep(1.5)
+    agreement.Agreement._exchange = real
+    try:
+        hvd.synchronize(handle)
+        print("no error")
+    except hvd.HorovodInternalError as exc:
+        print(f"HorovodInternalError: {exc}")
+""")
+
+
+def test_a_background_round_that_fails_fails_the_generation(tmp_path):
+    """Not only transport errors: anything that ends the rounds thread fails the
+    generation, so no caller waits for rounds that will not come."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HORA_", "HOROVOD_"))}
+    done = subprocess.run([sys.executable, "-c", BACKGROUND_ROUND_FAULT], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ("HorovodInternalError: rank 0: the background round failed "
+            "(RuntimeError('injected fault'))") in done.stdout, done.stdout + done.stderr

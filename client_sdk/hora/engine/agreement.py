@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from hora_native.mesh import MeshBackend, MeshRound
 
 __all__ = ["Agreement", "ControlVector"]
+
+log = logging.getLogger("hora")
 
 # What a rank says of a cache slot.
 INVALID, NOT_READY, READY = 0, 1, 2
@@ -209,6 +212,15 @@ class Agreement:
                 self._round_busy = True
             try:
                 self._round(background=True)
+            except BaseException as exc:
+                # Not a transport error (those fail the generation in _round):
+                # a bug or a torch error. Peers would wait for this rank's
+                # next round until the collective timeout; fail it now.
+                self._pending.fail(HorovodInternalError(
+                    f"rank {self.rank}: the background round failed ({exc!r}); this "
+                    f"generation cannot run further collectives"))
+                log.exception("rank %d: background round failed", self.rank)
+                return
             finally:
                 self._end_round()
 
