@@ -160,3 +160,37 @@ def test_a_background_round_that_fails_fails_the_generation(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert ("HorovodInternalError: rank 0: the background round failed "
             "(RuntimeError('injected fault'))") in done.stdout, done.stdout + done.stderr
+
+
+GROUPED_FAULT = textwrap.dedent("""
+    import torch
+    import hora.torch as hvd
+
+    hvd.init()
+    good = [torch.ones(2), torch.ones(2)]
+    calls = {
+        "grouped_allreduce_": lambda: hvd.grouped_allreduce_(
+            [*good, torch.ones(2, dtype=torch.complex64)], name="g"),
+        "grouped_reducescatter": lambda: hvd.grouped_reducescatter(
+            [*good, torch.ones(2, dtype=torch.complex64)], name="r"),
+    }
+    for call, run in calls.items():
+        try:
+            run()
+            print(call, "no error")
+        except ValueError as exc:
+            print(call, exc)
+    print(hvd.grouped_allreduce(good, name="after")[1].tolist())
+""")
+
+
+def test_a_grouped_call_names_the_tensor_at_fault(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HORA_", "HOROVOD_"))}
+    done = subprocess.run([sys.executable, "-c", GROUPED_FAULT], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("grouped_allreduce_ tensor 'g.2': invalid call on rank 0"), lines
+    assert lines[1].startswith("grouped_reducescatter tensor 'r.2': invalid call on rank 0"), lines
+    assert lines[2] == "[1.0, 1.0]", lines

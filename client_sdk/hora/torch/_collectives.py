@@ -78,16 +78,18 @@ def _submit(entry: Entry, problem: str | None) -> int:
     Raises:
         InvalidCallError: ``problem`` was given (or another rank's call was invalid).
     """
-    return _submit_all([entry], problem, lambda handles: handles[0])
+    return _submit_all([entry], [problem], lambda handles: handles[0])
 
 
-def _submit_all(entries: list[Entry], problem: str | None,
+def _submit_all(entries: list[Entry], problems: Sequence[str | None],
                 handle_of: Callable[[list[Handle]], Handle]) -> int:
+    """Enqueues ``entries`` under one handle; ``problems[i]`` is entry i's own
+    problem, so that the error every rank gets names the tensor at fault."""
     engine = _runtime.current().engine
-    for entry in entries:
+    for entry, problem in zip(entries, problems, strict=True):
         entry.invalid = problem or ""
     handle = register(handle_of([engine.enqueue(entry) for entry in entries]))
-    if problem is not None:
+    if any(problems):
         synchronize(handle)  # raises the InvalidCallError every rank of the call gets
     return handle
 
@@ -215,14 +217,14 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     op, problem = _op(op, average)
     if problem is None and op == ReduceOp.ADASUM:
         problem = "grouped_allreduce does not support op=hvd.Adasum; reduce the tensors one by one"
-    for tensor in tensors:
-        problem = problem or _reduction_problem(tensor, op, pre, post, "grouped_allreduce")
+    problems = [problem or _reduction_problem(t, op, pre, post, "grouped_allreduce")
+                for t in tensors]
     base = _name(name, "grouped_allreduce", set_id)
     # Derived from the name so that every rank computes the same id.
     group_id = zlib.crc32(base.encode()) + 1
     entries = [_allreduce_entry(t, f"{base}.{i}", op, pre, post, set_id, group_id, len(tensors))
                for i, t in enumerate(tensors)]
-    return _submit_all(entries, problem, _Group)
+    return _submit_all(entries, problems, _Group)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -270,12 +272,10 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
     """Starts allgathers of several tensors under one handle (a list of results)."""
     tensors = _tensors(tensors, "grouped_allgather")
     set_id = check_process_set(process_set)
-    problem = None
-    for tensor in tensors:
-        problem = problem or _device_problem(tensor)
+    problems = [_device_problem(t) for t in tensors]
     base = _name(name, "grouped_allgather", set_id)
     entries = [_allgather_entry(t, f"{base}.{i}", set_id) for i, t in enumerate(tensors)]
-    return _submit_all(entries, problem, _Group)
+    return _submit_all(entries, problems, _Group)
 
 
 # -- broadcast ---------------------------------------------------------------------
@@ -365,15 +365,14 @@ def _reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None, op: 
     set_id = check_process_set(process_set)
     pre, post = _scale_factors(prescale_factor, postscale_factor)
     op, problem = _op(op, None)
-    for tensor in tensors:
-        problem = problem or _reducescatter_problem(tensor, op, pre, post)
+    problems = [problem or _reducescatter_problem(t, op, pre, post) for t in tensors]
     if single:
         return _submit(_reducescatter_entry(tensors[0], _name(name, "reducescatter", set_id), op,
-                                            pre, post, set_id), problem)
+                                            pre, post, set_id), problems[0])
     base = _name(name, "grouped_reducescatter", set_id)
     entries = [_reducescatter_entry(t, f"{base}.{i}", op, pre, post, set_id)
                for i, t in enumerate(tensors)]
-    return _submit_all(entries, problem, _Group)
+    return _submit_all(entries, problems, _Group)
 
 
 # -- sparse ------------------------------------------------------------------------
@@ -422,7 +421,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
     entries = [_allgather_entry(tensor.indices().t(), f"{base}.indices", set_id),
                _allgather_entry(tensor.values(), f"{base}.values", set_id)]
     divisor = process_set.size() if op == ReduceOp.AVERAGE else 1
-    return _submit_all(entries, problem,
+    return _submit_all(entries, [problem] * len(entries),
                        lambda handles: _SparseHandle(base, handles[0], handles[1], tensor,
                                                      divisor))
 
