@@ -38,6 +38,8 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from hora_proto.refusals import RefusalLog
+
 from .base import BackendError
 
 __all__ = ["HANDSHAKE_TIMEOUT", "MAGIC", "accept_peers", "connect_peer", "proof"]
@@ -223,7 +225,8 @@ def _read_proof(hs: _Handshake, token: str, context: str, size: int, rank: int,
     return peer
 
 
-_quiet: dict[tuple[str, str], tuple[float, int]] = {}
+#: Refused connections, at most one warning per (host, kind) a minute.
+refusals = RefusalLog(_LOG_EVERY, log)
 
 
 def _refuse(hs: _Handshake, kind: str, reason: str) -> None:
@@ -233,12 +236,5 @@ def _refuse(hs: _Handshake, kind: str, reason: str) -> None:
     except OSError:
         pass
     host = hs.address.rsplit(":", 1)[0]
-    now = time.monotonic()
-    last, suppressed = _quiet.get((host, kind), (-_LOG_EVERY, 0))
-    if now - last < _LOG_EVERY:
-        _quiet[(host, kind)] = (last, suppressed + 1)
-        return
-    _quiet[(host, kind)] = (now, 0)
-    more = f" ({suppressed} more like it from this host since the last warning)" \
-        if suppressed else ""
-    log.warning("control mesh: refused a connection from %s: %s%s", hs.address, reason, more)
+    refusals.refused((host, kind), f"control mesh: refused a connection from {hs.address}: "
+                                   f"{reason}")

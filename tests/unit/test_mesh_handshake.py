@@ -22,9 +22,9 @@ CTX = "job-a/gen-3/"
 
 @pytest.fixture(autouse=True)
 def _fresh_rate_limit():
-    hs._quiet.clear()
+    hs.refusals.clear()
     yield
-    hs._quiet.clear()
+    hs.refusals.clear()
 
 
 def listener() -> tuple[socket.socket, tuple[str, int]]:
