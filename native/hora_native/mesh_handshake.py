@@ -76,7 +76,13 @@ def connect_peer(address: tuple[str, int], token: str, context: str, size: int, 
         OSError: the connection failed or timed out.
         BackendError: the other end is not ``peer`` of this job (it failed the proof).
     """
-    conn = socket.create_connection(address, timeout=timeout)
+    where = f"rank {peer}'s mesh port {address[0]}:{address[1]}"
+    if timeout <= 0:
+        raise TimeoutError(f"no time was left to connect to {where}")
+    try:
+        conn = socket.create_connection(address, timeout=timeout)
+    except OSError as exc:
+        raise _naming(exc, f"could not connect to {where}") from exc
     try:
         magic, nonce_a = _CHALLENGE.unpack(_recv_exactly(conn, _CHALLENGE.size))
         if magic != MAGIC:
@@ -90,10 +96,21 @@ def connect_peer(address: tuple[str, int], token: str, context: str, size: int, 
         if not hmac.compare_digest(theirs, want):
             raise BackendError(f"control mesh: {address[0]}:{address[1]}, published as rank "
                                f"{peer}'s mesh address, failed the job token proof")
+    except OSError as exc:
+        conn.close()
+        raise _naming(exc, f"handshake with {where} failed") from exc
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _naming(exc: OSError, what: str) -> OSError:
+    """``exc`` again, of the same class, its message saying ``what`` (which peer)."""
+    try:
+        return type(exc)(f"{what}: {exc}")
+    except TypeError:  # a class that wants other arguments
+        return OSError(f"{what}: {exc}")
 
 
 def _recv_exactly(conn: socket.socket, n: int) -> bytes:

@@ -134,6 +134,9 @@ class MeshTransport:
             self._peers.update(accept_peers(
                 listener, token, context, size, rank, set(range(rank + 1, size)), deadline,
                 min(handshake_timeout, seconds)))
+        except BackendError:  # a failed proof: its message names the peer already
+            self.close()
+            raise
         except (OSError, RuntimeError) as exc:
             self.close()
             raise BackendError(f"control mesh: rank {rank} of {size} could not connect: "
@@ -151,7 +154,11 @@ class MeshTransport:
         self._buffers: dict[int, torch.Tensor] = {}
         self._send: torch.Tensor | None = None
         if size > 1:
-            self.shared = self._probe_shared_memory(store, shared_memory)
+            try:
+                self.shared = self._probe_shared_memory(store, shared_memory)
+            except BaseException:  # no object to close them later: close the sockets now
+                self.close()
+                raise
 
     # -- shared memory --------------------------------------------------------
 

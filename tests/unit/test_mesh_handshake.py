@@ -254,3 +254,13 @@ def test_the_acceptor_gives_up_at_the_set_up_deadline():
     acceptor.join(10)
     assert isinstance(acceptor.error, TimeoutError) and "[1]" in str(acceptor.error)
     sock.close()
+
+
+def test_a_failed_connect_names_the_peer_and_its_address():
+    sock, address = listener()
+    sock.close()  # nobody listens there any more
+    with pytest.raises(OSError, match=rf"could not connect to rank 0's mesh port "
+                                      rf"127.0.0.1:{address[1]}: "):
+        connect_peer(address, TOKEN, CTX, 2, 1, 0, 2.0)
+    with pytest.raises(TimeoutError, match=r"no time was left to connect to rank 0's mesh port"):
+        connect_peer(address, TOKEN, CTX, 2, 1, 0, 0.0)
