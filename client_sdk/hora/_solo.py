@@ -18,8 +18,7 @@ from collections.abc import Iterator
 from hora_proto.v1 import negotiation_pb2, rendezvous_pb2
 
 from ._client import PROCESS_WORKER_ID
-from .errors import InvalidCallError
-from .runner.embedded import local_negotiation
+from .runner.embedded import local_negotiation, refused_call
 from .settings import Settings
 
 __all__ = ["SoloClient"]
@@ -61,18 +60,12 @@ class SoloClient:
     def add_process_set(self, generation: int, process_set_id: int, ranks: list[int],
                         invalid: str = "") -> None:
         """Decided at once (every rank has called); a refusal raises the coordinator's text."""
-        with self._lock:
-            try:
-                self._negotiation.add_process_set(process_set_id, ranks, invalid)
-            except Exception as exc:  # the coordinator's InvalidRequestError: a refused call
-                raise InvalidCallError(str(exc)) from exc
+        with self._lock, refused_call():
+            self._negotiation.add_process_set(process_set_id, ranks, invalid)
 
     def remove_process_set(self, generation: int, process_set_id: int, invalid: str = "") -> None:
-        with self._lock:
-            try:
-                messages = self._negotiation.remove_process_set(process_set_id, invalid)
-            except Exception as exc:  # the coordinator's InvalidRequestError: a refused call
-                raise InvalidCallError(str(exc)) from exc
+        with self._lock, refused_call():
+            messages = self._negotiation.remove_process_set(process_set_id, invalid)
         if self._stream is not None:
             self._stream.deliver(messages)
 

@@ -8,12 +8,13 @@ negotiation table answers in process, with no server. Nothing else in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 from hora_proto.v1 import negotiation_pb2
 
-__all__ = ["LocalNegotiation", "RunningCoordinator", "local_negotiation",
+__all__ = ["LocalNegotiation", "RunningCoordinator", "local_negotiation", "refused_call",
            "start_embedded_coordinator"]
 
 
@@ -71,3 +72,19 @@ def local_negotiation(fusion_threshold_bytes: int) -> LocalNegotiation:
     from hora_coordinator.local import LocalNegotiation as _Local
 
     return _Local(fusion_threshold_bytes)
+
+
+@contextlib.contextmanager
+def refused_call() -> Iterator[None]:
+    """Turns the local table's refusal of a call into the trainer's InvalidCallError.
+
+    Only a refusal: any other exception is a bug and goes up as it is.
+    """
+    from hora_coordinator.errors import InvalidRequestError
+
+    from ..errors import InvalidCallError
+
+    try:
+        yield
+    except InvalidRequestError as exc:
+        raise InvalidCallError(str(exc)) from exc
