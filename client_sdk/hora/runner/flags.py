@@ -17,6 +17,8 @@ from typing import Any
 
 from hora.settings import LOG_LEVELS
 
+from .horovod_flags import IGNORED
+
 __all__ = ["build_parser", "check_build_report", "parse_address"]
 
 
@@ -245,11 +247,9 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
     tuning.add_argument("--autotune-bayes-opt-max-samples", type=_positive_int, metavar="N",
                         help="autotune: settings measured before the best one is kept")
     tuning.add_argument("--autotune-steps-per-sample", type=_positive_int, metavar="N",
-                        help="accepted from horovodrun; hora's autotuner measures time "
-                             "windows instead")
+                        help=IGNORED["autotune_steps_per_sample"])
     tuning.add_argument("--autotune-gaussian-process-noise", type=_unit_float, metavar="X",
-                        help="accepted from horovodrun; hora's autotuner has no noise "
-                             "parameter")
+                        help=IGNORED["autotune_gaussian_process_noise"])
     tuning.add_argument("--gloo-timeout-seconds", type=_positive_float, metavar="SECONDS",
                         help="seconds a data-plane collective may take before it fails")
     tuning.add_argument("--cache-capacity", type=_non_negative_int, metavar="N",
@@ -276,18 +276,23 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
     for flag in ("hierarchical-allreduce", "hierarchical-allgather", "mpi-threads-disable"):
         dest = flag.replace("-", "_")
         pair = noop.add_mutually_exclusive_group()
-        pair.add_argument(f"--{flag}", dest=dest, action="store_const", const=True)
+        pair.add_argument(f"--{flag}", dest=dest, action="store_const", const=True,
+                          help=IGNORED[dest])
         pair.add_argument(f"--no-{flag}", dest=dest, action="store_const", const=False)
-    noop.add_argument("--torus-allreduce", action="store_const", const=True)
-    noop.add_argument("--num-nccl-streams", type=_non_negative_int, metavar="N")
-    noop.add_argument("--thread-affinity", type=_non_negative_int, metavar="N")
-    noop.add_argument("--binding-args", metavar="ARGS")
-    noop.add_argument("--mpi-args", metavar="ARGS")
-    noop.add_argument("--disable-cache", action="store_true",
-                      help="hora keeps no cache of launcher checks, so there is none to "
-                           "disable")
+    noop.add_argument("--torus-allreduce", action="store_const", const=True,
+                      help=IGNORED["torus_allreduce"])
+    noop.add_argument("--num-nccl-streams", type=_non_negative_int, metavar="N",
+                      help=IGNORED["num_nccl_streams"])
+    noop.add_argument("--thread-affinity", type=_non_negative_int, metavar="N",
+                      help=IGNORED["thread_affinity"])
+    noop.add_argument("--binding-args", metavar="ARGS", help=IGNORED["binding_args"])
+    noop.add_argument("--mpi-args", metavar="ARGS", help=IGNORED["mpi_args"])
 
     out = parser.add_argument_group("launcher")
+    # Accepted silently: asking to skip a cache hora does not keep changes nothing.
+    out.add_argument("--disable-cache", action="store_true",
+                     help="accepted from horovodrun; hora keeps no cache of launcher checks, "
+                          "so there is none to disable")
     out.add_argument("--verbose", action="store_true",
                      help="print the placement of ranks on hosts before starting")
     out.add_argument("--output-filename", metavar="DIR",
