@@ -122,7 +122,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     set_id = runtime.next_process_set_id
     ranks = pset.ranks if pset is not None and pset.ranks is not None and not problem else []
     runtime.engine.add_process_set(set_id, ranks, invalid=problem)
-    assert pset is not None  # else the coordinator failed the call on every rank
+    if pset is None:  # not reached: the coordinator failed the call on every rank
+        raise InvalidCallError(problem)
     runtime.next_process_set_id += 1
     pset.process_set_id = set_id
     pset._runtime = runtime

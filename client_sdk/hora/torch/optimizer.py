@@ -370,7 +370,6 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._compression = compression
         self._process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
-        self._passes = 0
 
     def synchronize(self) -> None:
         """Nothing to wait for: Adasum combines updates inside ``step()``."""
