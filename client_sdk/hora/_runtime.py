@@ -8,6 +8,7 @@ backends) takes its dependencies as arguments.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 import logging
 import threading
@@ -66,7 +67,7 @@ class Runtime:
             raise HoraError(
                 f"HORA_SIZE={settings.size} but no coordinator address: start the workers "
                 f"with horarun, or set HORA_COORDINATOR=HOST:PORT")
-        return Settings(**{**settings.__dict__, "rank": 0})
+        return dataclasses.replace(settings, rank=0)
 
     def host_update_epoch(self) -> tuple[int, bool]:
         """The newest host change the coordinator announced, and whether it only removed."""
