@@ -412,14 +412,16 @@ class Coordinator:
         last = loop.time()
         while True:
             await asyncio.sleep(interval)
-            tick = loop.time()
-            late, last = tick - last - interval, tick
+            late = loop.time() - last - interval
             try:
                 if late > interval:
                     self.forgive_stall(late)
                 self.check()
             except Exception:  # a bug in one check must not stop every later one
                 logger.exception("periodic check failed")
+            # From the check's end: a slow check is not the loop stalling, and
+            # counting it would make every later tick look late.
+            last = loop.time()
 
     # ---- doing ------------------------------------------------------------------------
 
