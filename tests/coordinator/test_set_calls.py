@@ -238,6 +238,15 @@ def test_without_a_stall_shutdown_time_calls_wait():
     assert answers(state.check(job, 1e6, FOREVER)) == []
 
 
+def test_a_coordinator_stall_does_not_count_against_waiting_calls():
+    job = form(4, stall_shutdown_ms=2000)
+    add(job, 0, 1, [0, 1], now=10.0)
+    state.forgive_stall(job, 5.0)  # the coordinator stood still from 10.5 to 15.5
+    assert answers(state.check(job, 16.0, FOREVER)) == []
+    answer = the_answer(state.check(job, 17.1, FOREVER))  # 2 s of running time waited
+    assert isinstance(answer.error, CallTimeoutError)
+
+
 def test_a_leaving_rank_fails_waiting_calls_and_later_ones_at_once():
     job = form(3)
     add(job, 0, 1, [0, 1])

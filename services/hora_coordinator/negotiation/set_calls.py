@@ -13,7 +13,8 @@ and may still refuse the set. Whatever is decided answers every caller alike
 A gathering can also end without every rank: a rank departed
 (:meth:`SetCalls.abandon`), or the calls waited longer than the job's stall
 shutdown time (:meth:`SetCalls.overdue`). The callers then fail with an error
-that names the departed member, or the ranks that never called.
+that names the departed member, or the ranks that never called. Time the
+coordinator itself stood still does not count (:meth:`SetCalls.shift`).
 """
 
 from __future__ import annotations
@@ -172,6 +173,11 @@ class SetCalls:
         ]
         self._gatherings.clear()
         return results
+
+    def shift(self, stalled_s: float) -> None:
+        """Moves every gathering's deadline on by ``stalled_s`` (the coordinator stalled)."""
+        for gathering in self._gatherings.values():
+            gathering.first_seen += stalled_s
 
     def overdue(self, now: float, limit_s: float) -> list[SetCallResult]:
         """Ends the gatherings whose first call is over ``limit_s`` old, naming who never called."""
