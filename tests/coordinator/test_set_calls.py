@@ -113,6 +113,33 @@ def test_a_set_the_table_refuses_fails_every_call():
     assert "at least 1" in error_text(answer)
 
 
+def test_messages_of_many_ranks_stay_a_few_kib_and_name_the_first_ranks():
+    # The message travels in a gRPC trailer (some 8 KiB): long texts are cut and
+    # ranks past a budget only counted.
+    size = 1000
+    job = form(size)
+    for rank in range(size):
+        effects = add(job, rank, 1, range(size), f"problem of rank {rank}: " + "x" * 500)
+    text = error_text(the_answer(effects))
+    assert len(text.encode()) < 4096
+    assert text.startswith("add_process_set failed on every rank because of rank 0: problem")
+    assert "; rank 1: problem of rank 1: xxx" in text
+    assert text.endswith(" more ranks")
+    for rank in range(size):
+        effects = add(job, rank, 1 + rank % 2, range(size))
+    text = error_text(the_answer(effects))
+    assert len(text.encode()) < 4096
+    assert text.startswith("ranks called add_process_set with different sets: "
+                           "rank 0: process set 1 [0, 1, 2, ")
+    assert "; rank 1: process set 2 [0, 1, 2, " in text
+    assert text.endswith(" more ranks")
+    for rank in range(size):
+        effects = add(job, rank, 1, [*range(size), 0])
+    text = error_text(the_answer(effects))
+    assert len(text.encode()) < 4096
+    assert text.endswith("must be ascending and distinct")
+
+
 def test_a_valid_call_after_an_invalid_one_works():
     job = form(2)
     add(job, 0, 1, [0])
