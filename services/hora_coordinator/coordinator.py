@@ -358,9 +358,7 @@ class Coordinator:
         keep, and a coordinator that kept such jobs would grow without bound.
         """
         if state.abandoned(job) and self.jobs.get(job.job_id) is job:
-            del self.jobs[job.job_id]
-            self.stores.pop(job.job_id, None)
-            self._ended_since.pop(job.job_id, None)
+            self._forget(job.job_id)
             logger.info("job %s: every joiner went away before its world formed; forgotten",
                         job.job_id)
 
@@ -381,6 +379,12 @@ class Coordinator:
         since = self._ended_since.setdefault(job_id, now)
         if now - since < self.settings.job_retention.total_seconds():
             return
+        self._forget(job_id)
+        logger.info("job %s %s; forgotten after %g s", job_id, job.phase.value,
+                    self.settings.job_retention.total_seconds())
+
+    def _forget(self, job_id: str) -> None:
+        """Drops the job and everything held for it: store, notices, outboxes, counts."""
         del self.jobs[job_id]
         self.stores.pop(job_id, None)
         self._ended_since.pop(job_id, None)
@@ -388,8 +392,6 @@ class Coordinator:
         self.messages_queued.pop(job_id, None)
         for key in [key for key in self._outboxes if key[0] == job_id]:
             del self._outboxes[key]
-        logger.info("job %s %s; forgotten after %g s", job_id, job.phase.value,
-                    self.settings.job_retention.total_seconds())
 
     def forgive_stall(self, stalled_s: float) -> None:
         """The event loop did not run for ``stalled_s`` seconds: no lease or stall
