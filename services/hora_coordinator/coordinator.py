@@ -28,6 +28,7 @@ from .errors import (
     SupersededError,
     UnknownError,
 )
+from .limits import check_join_limits, shown_id
 from .messages import (
     AddProcessSetRequest,
     JoinRequest,
@@ -105,7 +106,7 @@ class Coordinator:
 
         Cancelling the call (the caller's deadline) forgets the joiner.
         """
-        self._check_limits(request)
+        check_join_limits(self.settings, self.jobs.get(request.job_id), request)
         job = self.jobs.get(request.job_id)
         fresh = job is None
         if job is None:
@@ -122,7 +123,10 @@ class Coordinator:
         previous = self._joins.pop(key, None)
         if previous is not None and not previous.done():
             previous.set_exception(
-                SupersededError(f"a newer Join from worker {request.worker_id} replaced this one")
+                SupersededError(
+                    f"a newer Join from worker {request.worker_id} to job "
+                    f"'{shown_id(job.job_id)}' replaced this one"
+                )
             )
         waiter: asyncio.Future[rpb.WorldView] = asyncio.get_running_loop().create_future()
         self._joins[key] = waiter
@@ -148,31 +152,6 @@ class Coordinator:
                 self.apply(job, state.cancel_join(job, request.worker_id, self.clock()))
                 self._forget_if_abandoned(job)
             raise
-
-    def _check_limits(self, request: JoinRequest) -> None:
-        """Refuses a Join past the size limits, before anything changes."""
-        limits = self.settings
-        for what, value in (("job_id", request.job_id), ("worker_id", request.worker_id)):
-            if len(value) > limits.max_id_length:
-                raise InvalidRequestError(
-                    f"{what} of {len(value)} characters is longer than the limit of "
-                    f"{limits.max_id_length}"
-                )
-        for what, size in (("expected_size", request.expected_size),
-                           ("min_size", request.min_size), ("max_size", request.max_size)):
-            if size > limits.max_members_per_job:
-                raise InvalidRequestError(
-                    f"{what} {size} is above this coordinator's limit of "
-                    f"{limits.max_members_per_job} members per job"
-                )
-        job = self.jobs.get(request.job_id)
-        rnd = job.round if job is not None else None
-        if (rnd is not None and request.worker_id not in rnd.joiners
-                and len(rnd.joiners) >= limits.max_members_per_job):
-            raise ResourceExhaustedError(
-                f"job '{request.job_id}' already has {len(rnd.joiners)} joiners, the limit "
-                "(max_members_per_job)"
-            )
 
     def leave(self, job_id: str, worker_id: str, reason: str, rejoin: bool = False) -> None:
         """A worker leaves on purpose (idempotent); with ``rejoin``, this generation only."""
@@ -274,7 +253,8 @@ class Coordinator:
         if previous is not None and not previous.done():
             previous.set_exception(
                 SupersededError(
-                    f"a newer {kind.value} call from worker {worker_id} replaced this one"
+                    f"a newer {kind.value} call from worker {worker_id} in job "
+                    f"'{shown_id(job.job_id)}' replaced this one"
                 )
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
