@@ -304,9 +304,11 @@ class Coordinator:
 
     def deliver_notices(self) -> None:
         """Sends the coalesced departure notices (:mod:`.notices`) to the members
-        still active in the generation they concern."""
-        for job_id, worker_id, message in self._notices.take(self._listening):
-            self._queue(job_id, worker_id, wire.coordinator_message_pb(message))
+        still active in the generation they concern; each message encoded once."""
+        for job_id, worker_ids, message in self._notices.take(self._listening):
+            encoded = wire.coordinator_message_pb(message)
+            for worker_id in worker_ids:
+                self._queue(job_id, worker_id, encoded)
 
     def _listening(self, job_id: str, worker_id: str, generation: int) -> bool:
         job = self.jobs.get(job_id)
