@@ -8,12 +8,13 @@ are decoded by the interceptor's wrapper: bytes that do not decode end in
 INVALID_ARGUMENT (:class:`~.errors.InvalidRequestError`), not in gRPC's
 "Unexpected error" with a traceback in the log. Log lines about refusals are
 rate limited per kind (:class:`RefusalLog`), so that a flood of bad calls
-cannot flood the log.
+cannot flood the log. The wrapped handler of each method and outcome is
+built once and kept: the authorised path (every heartbeat, every store call)
+only looks it up.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import secrets
 import time
@@ -35,6 +36,15 @@ logger = logging.getLogger("hora_coordinator")
 _PROTECTED_PREFIX = "/hora.v1."
 
 _MISSING, _WRONG, _UNDECODABLE = "missing token", "wrong token", "undecodable request"
+_AUTHORISED = ""  # the key of a method's decoding handler in the interceptor's cache
+
+# The gRPC factory of each kind of handler, by (request streaming, response streaming).
+_HANDLER_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
 
 
 class RefusalLog:
@@ -83,6 +93,10 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str, log: RefusalLog | None = None) -> None:
         self._token = token.encode()
         self._log = log if log is not None else RefusalLog(0.0)
+        # By (method, outcome): the server's handler and the one wrapped around it.
+        self._wrapped: dict[
+            tuple[str, str], tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]
+        ] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -96,17 +110,31 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
                 break
         if sent is None:
             kind = _MISSING
-            problem = (
-                f"missing job token: send the coordinator's token in metadata key "
-                f"'{TOKEN_METADATA_KEY}'"
-            )
         elif not secrets.compare_digest(
             sent.encode() if isinstance(sent, str) else bytes(sent), self._token
         ):
             kind = _WRONG
-            problem = f"wrong job token in metadata key '{TOKEN_METADATA_KEY}'"
         else:
+            kind = _AUTHORISED
+        cached = self._wrapped.get((method, kind))
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method, kind)
+        self._wrapped[(method, kind)] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(
+        self, handler: grpc.RpcMethodHandler, method: str, kind: str
+    ) -> grpc.RpcMethodHandler:
+        if kind == _AUTHORISED:
             return _decoding(handler, method, self._log)
+        if kind == _MISSING:
+            problem = (
+                f"missing job token: send the coordinator's token in metadata key "
+                f"'{TOKEN_METADATA_KEY}'"
+            )
+        else:
+            problem = f"wrong job token in metadata key '{TOKEN_METADATA_KEY}'"
         return _with_raw_requests(handler, _refusal(method, kind, problem, self._log))
 
 
@@ -131,14 +159,15 @@ def _decoding(
 
     A request stream is decoded message by message; an undecodable one raises
     InvalidRequestError where the servicer reads it (the servicer maps it).
+    Every hora.v1 handler is a coroutine function (:mod:`.servicer`).
     """
     decode = handler.request_deserializer
     if handler.request_streaming:
         behavior = handler.stream_stream or handler.stream_unary
     else:
         behavior = handler.unary_stream or handler.unary_unary
-    if decode is None or not inspect.iscoroutinefunction(behavior):
-        return handler  # nothing to decode, or not a coroutine handler: leave it as it is
+    if decode is None:
+        return handler  # nothing to decode
     descriptor = getattr(getattr(decode, "__self__", None), "DESCRIPTOR", None)
     what = getattr(descriptor, "full_name", "the method's request message")
 
@@ -171,13 +200,7 @@ def _with_raw_requests(
     handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]
 ) -> grpc.RpcMethodHandler:
     """A handler of the same kind as ``handler`` running ``behavior`` on undecoded bytes."""
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    make = _HANDLER_KINDS[(handler.request_streaming, handler.response_streaming)]
     return make(
         behavior, request_deserializer=None, response_serializer=handler.response_serializer
     )

@@ -28,6 +28,7 @@ from .errors import (
     SupersededError,
     UnknownError,
 )
+from .limits import check_join_limits, shown_id
 from .messages import (
     AddProcessSetRequest,
     JoinRequest,
@@ -105,7 +106,7 @@ class Coordinator:
 
         Cancelling the call (the caller's deadline) forgets the joiner.
         """
-        self._check_limits(request)
+        check_join_limits(self.settings, self.jobs.get(request.job_id), request)
         job = self.jobs.get(request.job_id)
         fresh = job is None
         if job is None:
@@ -122,7 +123,10 @@ class Coordinator:
         previous = self._joins.pop(key, None)
         if previous is not None and not previous.done():
             previous.set_exception(
-                SupersededError(f"a newer Join from worker {request.worker_id} replaced this one")
+                SupersededError(
+                    f"a newer Join from worker {request.worker_id} to job "
+                    f"'{shown_id(job.job_id)}' replaced this one"
+                )
             )
         waiter: asyncio.Future[rpb.WorldView] = asyncio.get_running_loop().create_future()
         self._joins[key] = waiter
@@ -148,31 +152,6 @@ class Coordinator:
                 self.apply(job, state.cancel_join(job, request.worker_id, self.clock()))
                 self._forget_if_abandoned(job)
             raise
-
-    def _check_limits(self, request: JoinRequest) -> None:
-        """Refuses a Join past the size limits, before anything changes."""
-        limits = self.settings
-        for what, value in (("job_id", request.job_id), ("worker_id", request.worker_id)):
-            if len(value) > limits.max_id_length:
-                raise InvalidRequestError(
-                    f"{what} of {len(value)} characters is longer than the limit of "
-                    f"{limits.max_id_length}"
-                )
-        for what, size in (("expected_size", request.expected_size),
-                           ("min_size", request.min_size), ("max_size", request.max_size)):
-            if size > limits.max_members_per_job:
-                raise InvalidRequestError(
-                    f"{what} {size} is above this coordinator's limit of "
-                    f"{limits.max_members_per_job} members per job"
-                )
-        job = self.jobs.get(request.job_id)
-        rnd = job.round if job is not None else None
-        if (rnd is not None and request.worker_id not in rnd.joiners
-                and len(rnd.joiners) >= limits.max_members_per_job):
-            raise ResourceExhaustedError(
-                f"job '{request.job_id}' already has {len(rnd.joiners)} joiners, the limit "
-                "(max_members_per_job)"
-            )
 
     def leave(self, job_id: str, worker_id: str, reason: str, rejoin: bool = False) -> None:
         """A worker leaves on purpose (idempotent); with ``rejoin``, this generation only."""
@@ -274,7 +253,8 @@ class Coordinator:
         if previous is not None and not previous.done():
             previous.set_exception(
                 SupersededError(
-                    f"a newer {kind.value} call from worker {worker_id} replaced this one"
+                    f"a newer {kind.value} call from worker {worker_id} in job "
+                    f"'{shown_id(job.job_id)}' replaced this one"
                 )
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -324,9 +304,11 @@ class Coordinator:
 
     def deliver_notices(self) -> None:
         """Sends the coalesced departure notices (:mod:`.notices`) to the members
-        still active in the generation they concern."""
-        for job_id, worker_id, message in self._notices.take(self._listening):
-            self._queue(job_id, worker_id, wire.coordinator_message_pb(message))
+        still active in the generation they concern; each message encoded once."""
+        for job_id, worker_ids, message in self._notices.take(self._listening):
+            encoded = wire.coordinator_message_pb(message)
+            for worker_id in worker_ids:
+                self._queue(job_id, worker_id, encoded)
 
     def _listening(self, job_id: str, worker_id: str, generation: int) -> bool:
         job = self.jobs.get(job_id)
@@ -358,9 +340,7 @@ class Coordinator:
         keep, and a coordinator that kept such jobs would grow without bound.
         """
         if state.abandoned(job) and self.jobs.get(job.job_id) is job:
-            del self.jobs[job.job_id]
-            self.stores.pop(job.job_id, None)
-            self._ended_since.pop(job.job_id, None)
+            self._forget(job.job_id)
             logger.info("job %s: every joiner went away before its world formed; forgotten",
                         job.job_id)
 
@@ -381,6 +361,12 @@ class Coordinator:
         since = self._ended_since.setdefault(job_id, now)
         if now - since < self.settings.job_retention.total_seconds():
             return
+        self._forget(job_id)
+        logger.info("job %s %s; forgotten after %g s", job_id, job.phase.value,
+                    self.settings.job_retention.total_seconds())
+
+    def _forget(self, job_id: str) -> None:
+        """Drops the job and everything held for it: store, notices, outboxes, counts."""
         del self.jobs[job_id]
         self.stores.pop(job_id, None)
         self._ended_since.pop(job_id, None)
@@ -388,8 +374,6 @@ class Coordinator:
         self.messages_queued.pop(job_id, None)
         for key in [key for key in self._outboxes if key[0] == job_id]:
             del self._outboxes[key]
-        logger.info("job %s %s; forgotten after %g s", job_id, job.phase.value,
-                    self.settings.job_retention.total_seconds())
 
     def forgive_stall(self, stalled_s: float) -> None:
         """The event loop did not run for ``stalled_s`` seconds: no lease or stall
@@ -412,14 +396,16 @@ class Coordinator:
         last = loop.time()
         while True:
             await asyncio.sleep(interval)
-            tick = loop.time()
-            late, last = tick - last - interval, tick
+            late = loop.time() - last - interval
             try:
                 if late > interval:
                     self.forgive_stall(late)
                 self.check()
             except Exception:  # a bug in one check must not stop every later one
                 logger.exception("periodic check failed")
+            # From the check's end: a slow check is not the loop stalling, and
+            # counting it would make every later tick look late.
+            last = loop.time()
 
     # ---- doing ------------------------------------------------------------------------
 

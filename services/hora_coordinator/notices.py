@@ -55,21 +55,21 @@ class DepartureNotices:
 
     def take(
         self, still_listening: Callable[[str, str, int], bool]
-    ) -> Iterator[tuple[str, str, CoordinatorMessage]]:
+    ) -> Iterator[tuple[str, tuple[str, ...], CoordinatorMessage]]:
         """Every notice due, one per recipient that is ``still_listening(job, worker,
-        generation)``: ``(job_id, worker_id, message)``; then forgets them all."""
+        generation)``, grouped by message: ``(job_id, worker_ids, message)``, each
+        message once (so it is encoded once); then forgets them all."""
         events_by_job, self._events = self._events, {}
         unheard_by_job, self._first_unheard = self._first_unheard, {}
         for job_id, unheard in unheard_by_job.items():
             events = events_by_job[job_id]
-            made: dict[int, CoordinatorMessage] = {}  # recipients mostly share a start
+            # Recipients mostly share a start: one message per start.
+            by_start: dict[int, list[str]] = {}
             for worker_id, start in unheard.items():
-                if not still_listening(job_id, worker_id, events[-1].generation):
-                    continue
-                message = made.get(start)
-                if message is None:
-                    message = made[start] = _coalesced(events[start:])
-                yield job_id, worker_id, message
+                if still_listening(job_id, worker_id, events[-1].generation):
+                    by_start.setdefault(start, []).append(worker_id)
+            for start, worker_ids in by_start.items():
+                yield job_id, tuple(worker_ids), _coalesced(events[start:])
 
 
 def _coalesced(events: list[Event]) -> CoordinatorMessage:

@@ -40,10 +40,14 @@ class KeyValueStore:
             InvalidRequestError: the key or the value is too long.
         """
         if len(key) > self._max_key_bytes or len(key.encode()) > self._max_key_bytes:
+            cut = "…" if len(key) > 64 else ""
             raise InvalidRequestError(
-                f"store key of {len(key.encode())} bytes in job '{self.job_id}' is longer "
-                f"than the limit of {self._max_key_bytes} bytes"
+                f"store key {key[:64]!r}{cut} of {len(key.encode())} bytes in job "
+                f"'{self.job_id}' is longer than the limit of {self._max_key_bytes} bytes"
             )
+        self._check_value(key, value)
+
+    def _check_value(self, key: str, value: bytes) -> None:
         if len(value) > self._max_value_bytes:
             raise InvalidRequestError(
                 f"store value of {len(value)} bytes for key '{key[:64]}' in job "
@@ -57,6 +61,10 @@ class KeyValueStore:
             InvalidRequestError: the key or the value is past the store's limits.
         """
         self.check(key, value)
+        self._put(key, value)
+
+    def _put(self, key: str, value: bytes) -> None:
+        """Sets a checked ``key`` and wakes everyone waiting for it."""
         self._data[key] = value
         waiters = self._waiters.pop(key, None)
         if waiters:
@@ -134,7 +142,8 @@ class KeyValueStore:
         Checks before writing: a refused Add leaves the key as it was.
 
         Raises:
-            InvalidRequestError: the stored value is not a decimal integer.
+            InvalidRequestError: the stored value is not a decimal integer, or
+                the key or the new value's digits are past the store's limits.
             OutOfRangeError: the new value would not fit in int64.
         """
         self.check(key)
@@ -150,7 +159,9 @@ class KeyValueStore:
                 f"adding {amount} to key '{key}' of job '{self.job_id}' gives a value "
                 f"outside int64; the key keeps {raw[:32]!r}"
             )
-        self.set(key, str(value).encode("ascii"))
+        digits = str(value).encode("ascii")
+        self._check_value(key, digits)
+        self._put(key, digits)
         return value
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
@@ -158,7 +169,7 @@ class KeyValueStore:
         self.check(key, desired)
         current = self._data.get(key)
         if (current is None and expected == b"") or (current is not None and current == expected):
-            self.set(key, desired)
+            self._put(key, desired)
             return desired
         return current if current is not None else b""
 

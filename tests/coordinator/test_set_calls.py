@@ -113,6 +113,33 @@ def test_a_set_the_table_refuses_fails_every_call():
     assert "at least 1" in error_text(answer)
 
 
+def test_messages_of_many_ranks_stay_a_few_kib_and_name_the_first_ranks():
+    # The message travels in a gRPC trailer (some 8 KiB): long texts are cut and
+    # ranks past a budget only counted.
+    size = 1000
+    job = form(size)
+    for rank in range(size):
+        effects = add(job, rank, 1, range(size), f"problem of rank {rank}: " + "x" * 500)
+    text = error_text(the_answer(effects))
+    assert len(text.encode()) < 4096
+    assert text.startswith("add_process_set failed on every rank because of rank 0: problem")
+    assert "; rank 1: problem of rank 1: xxx" in text
+    assert text.endswith(" more ranks")
+    for rank in range(size):
+        effects = add(job, rank, 1 + rank % 2, range(size))
+    text = error_text(the_answer(effects))
+    assert len(text.encode()) < 4096
+    assert text.startswith("ranks called add_process_set with different sets: "
+                           "rank 0: process set 1 [0, 1, 2, ")
+    assert "; rank 1: process set 2 [0, 1, 2, " in text
+    assert text.endswith(" more ranks")
+    for rank in range(size):
+        effects = add(job, rank, 1, [*range(size), 0])
+    text = error_text(the_answer(effects))
+    assert len(text.encode()) < 4096
+    assert text.endswith("must be ascending and distinct")
+
+
 def test_a_valid_call_after_an_invalid_one_works():
     job = form(2)
     add(job, 0, 1, [0])
@@ -236,6 +263,15 @@ def test_without_a_stall_shutdown_time_calls_wait():
     job = form(2, stall_shutdown_ms=0, stall_warning_ms=0)
     add(job, 0, 1, [0, 1], now=0.0)
     assert answers(state.check(job, 1e6, FOREVER)) == []
+
+
+def test_a_coordinator_stall_does_not_count_against_waiting_calls():
+    job = form(4, stall_shutdown_ms=2000)
+    add(job, 0, 1, [0, 1], now=10.0)
+    state.forgive_stall(job, 5.0)  # the coordinator stood still from 10.5 to 15.5
+    assert answers(state.check(job, 16.0, FOREVER)) == []
+    answer = the_answer(state.check(job, 17.1, FOREVER))  # 2 s of running time waited
+    assert isinstance(answer.error, CallTimeoutError)
 
 
 def test_a_leaving_rank_fails_waiting_calls_and_later_ones_at_once():

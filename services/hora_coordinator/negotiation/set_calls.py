@@ -13,13 +13,14 @@ and may still refuse the set. Whatever is decided answers every caller alike
 A gathering can also end without every rank: a rank departed
 (:meth:`SetCalls.abandon`), or the calls waited longer than the job's stall
 shutdown time (:meth:`SetCalls.overdue`). The callers then fail with an error
-that names the departed member, or the ranks that never called.
+that names the departed member, or the ranks that never called. Time the
+coordinator itself stood still does not count (:meth:`SetCalls.shift`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import CallTimeoutError, CoordinatorError, RankGoneError
@@ -33,10 +34,18 @@ __all__ = [
     "SetCallResult",
     "SetCalls",
     "disagreement",
+    "show_ranks",
 ]
 
 #: ``RemoveProcessSetRequest.process_set_id`` of a rank that never added the set.
 NOT_ADDED = -1
+
+# An error message travels in a gRPC trailer, which holds some 8 KiB (past that
+# the caller gets RESOURCE_EXHAUSTED instead of the error): a message quotes at
+# most QUOTE_LIMIT characters of any one rank's text, and lists ranks for at
+# most LISTING_BUDGET characters before it only counts the rest.
+QUOTE_LIMIT = 200
+LISTING_BUDGET = 2000
 
 
 class SetCallKind(enum.Enum):
@@ -75,8 +84,36 @@ class SetCall:
             if self.process_set_id == NOT_ADDED:
                 return "a set it never added"
             return f"process set {self.process_set_id}"
-        ranks = "[" + ", ".join(str(r) for r in self.ranks) + "]"
+        ranks = show_ranks(self.ranks)
         return f"process set {self.process_set_id} {ranks}" if with_id else ranks
+
+
+def show_ranks(ranks: Sequence[int]) -> str:
+    """``[0, 2, 5]``, cut after :data:`QUOTE_LIMIT` characters (ending in "…")."""
+    text = "["
+    for i, rank in enumerate(ranks):
+        text += f", {rank}" if i else str(rank)
+        if len(text) > QUOTE_LIMIT:
+            return _clipped(text)
+    return text + "]"
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= QUOTE_LIMIT else text[:QUOTE_LIMIT] + "…"
+
+
+def _listing(items: Iterable[str], count: int) -> str:
+    """The first of ``count`` items joined by "; ", until :data:`LISTING_BUDGET`
+    characters are spent; then how many ranks are left out."""
+    shown: list[str] = []
+    used = 0
+    for item in items:
+        used += len(item) + 2
+        if shown and used > LISTING_BUDGET:
+            more = count - len(shown)
+            return "; ".join(shown) + f"; and {more} more rank{'s' if more > 1 else ''}"
+        shown.append(item)
+    return "; ".join(shown)
 
 
 @dataclass(frozen=True)
@@ -108,18 +145,21 @@ def disagreement(calls: Sequence[SetCall]) -> str | None:
 
     Some rank found a problem with its own call (each such rank is named with
     its text), or the ranks named different sets (every rank's set is named).
+    The text stays a few KiB however many ranks there are: each rank's text is
+    cut, and ranks past the first few KiB are only counted.
 
     Args:
         calls: Every rank's call of one kind, in rank order.
     """
     name = calls[0].kind.value
-    problems = [f"rank {c.rank}: {c.invalid}" for c in calls if c.invalid]
-    if problems:
-        return f"{name} failed on every rank because of " + "; ".join(problems)
+    invalid = [c for c in calls if c.invalid]
+    if invalid:
+        problems = (f"rank {c.rank}: {_clipped(c.invalid)}" for c in invalid)
+        return f"{name} failed on every rank because of " + _listing(problems, len(invalid))
     if all(c.argument() == calls[0].argument() for c in calls):
         return None
     with_id = any(c.process_set_id != calls[0].process_set_id for c in calls)
-    shown = "; ".join(f"rank {c.rank}: {c.shown(with_id)}" for c in calls)
+    shown = _listing((f"rank {c.rank}: {c.shown(with_id)}" for c in calls), len(calls))
     return f"ranks called {name} with different sets: {shown}"
 
 
@@ -172,6 +212,11 @@ class SetCalls:
         ]
         self._gatherings.clear()
         return results
+
+    def shift(self, stalled_s: float) -> None:
+        """Moves every gathering's deadline on by ``stalled_s`` (the coordinator stalled)."""
+        for gathering in self._gatherings.values():
+            gathering.first_seen += stalled_s
 
     def overdue(self, now: float, limit_s: float) -> list[SetCallResult]:
         """Ends the gatherings whose first call is over ``limit_s`` old, naming who never called."""

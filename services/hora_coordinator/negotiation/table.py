@@ -24,7 +24,15 @@ from .responses import (
     respond_group,
     respond_tensor,
 )
-from .set_calls import NOT_ADDED, SetCall, SetCallKind, SetCallResult, SetCalls, disagreement
+from .set_calls import (
+    NOT_ADDED,
+    SetCall,
+    SetCallKind,
+    SetCallResult,
+    SetCalls,
+    disagreement,
+    show_ranks,
+)
 
 __all__ = ["NegotiationTable", "Outcome"]
 
@@ -101,7 +109,7 @@ class NegotiationTable:
                 f"process set id must be at least 1 (0 is the global set), got {process_set_id}"
             )
         ranks = tuple(ranks)
-        shown = "[" + ", ".join(str(r) for r in ranks) + "]"
+        shown = show_ranks(ranks)
         if not ranks:
             raise InvalidRequestError(f"process set {process_set_id} has no ranks")
         if any(not 0 <= r < self.size for r in ranks):
@@ -119,7 +127,7 @@ class NegotiationTable:
                 was = "was removed in this generation" if known is None else "is registered"
                 raise InvalidRequestError(
                     f"process set {process_set_id} {was} with ranks "
-                    f"[{', '.join(str(r) for r in earlier)}], not {shown}"
+                    f"{show_ranks(earlier)}, not {shown}"
                 )
             return False
         pset = self.process_sets[process_set_id] = SetMembers(process_set_id, ranks)

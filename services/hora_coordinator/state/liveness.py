@@ -47,10 +47,11 @@ def forgive_stall(job: Job, stalled_s: float) -> None:
     """The coordinator itself did not run for ``stalled_s`` seconds (a long GC, a
     slow request, SIGSTOP): that time must not count against the workers.
 
-    Heartbeats sent meanwhile are still queued, unread; so every lease, every
-    pending tensor's stall clock and an elastic round's deadline move on by
-    ``stalled_s``. A member that was really silent is lost all the same, one
-    lease after the coordinator resumed.
+    Heartbeats and calls sent meanwhile are still queued, unread; so every
+    lease, every pending tensor's stall clock (and its warning's), every
+    waiting process set call's deadline and an elastic round's deadline move
+    on by ``stalled_s``. A member that was really silent is lost all the same,
+    one lease after the coordinator resumed.
     """
     if stalled_s <= 0:
         return
@@ -58,6 +59,9 @@ def forgive_stall(job: Job, stalled_s: float) -> None:
         member.last_heartbeat += stalled_s
     for tensor in job.table.pending.values():
         tensor.first_seen += stalled_s
+        if tensor.last_warned is not None:
+            tensor.last_warned += stalled_s
+    job.table.set_calls.shift(stalled_s)
     if job.round is not None:
         job.round.opened_at += stalled_s
 

@@ -1,0 +1,48 @@
+"""The coordinator's size limits on a Join, checked before anything changes."""
+
+from __future__ import annotations
+
+from .errors import InvalidRequestError, ResourceExhaustedError
+from .messages import JoinRequest
+from .settings import CoordinatorSettings
+from .state import Job
+
+__all__ = ["check_join_limits", "shown_id"]
+
+# Ids quoted in error messages are cut to this many characters.
+_SHOWN_ID_LENGTH = 64
+
+
+def shown_id(value: str) -> str:
+    """A job or worker id as error messages quote it: at most 64 characters ("…" if cut)."""
+    return value if len(value) <= _SHOWN_ID_LENGTH else value[:_SHOWN_ID_LENGTH] + "…"
+
+
+def check_join_limits(limits: CoordinatorSettings, job: Job | None, request: JoinRequest) -> None:
+    """Refuses a Join past the size limits; ``job`` is the job it names, if it exists.
+
+    Raises:
+        InvalidRequestError: an id is too long, or a size above the members per job.
+        ResourceExhaustedError: the job's round already holds the most joiners.
+    """
+    job_id = shown_id(request.job_id)
+    for what, value in (("job_id", request.job_id), ("worker_id", request.worker_id)):
+        if len(value) > limits.max_id_length:
+            raise InvalidRequestError(
+                f"{what} of {len(value)} characters is longer than the limit of "
+                f"{limits.max_id_length} (job '{job_id}')"
+            )
+    for what, size in (("expected_size", request.expected_size),
+                       ("min_size", request.min_size), ("max_size", request.max_size)):
+        if size > limits.max_members_per_job:
+            raise InvalidRequestError(
+                f"{what} {size} is above this coordinator's limit of "
+                f"{limits.max_members_per_job} members per job"
+            )
+    rnd = job.round if job is not None else None
+    if (rnd is not None and request.worker_id not in rnd.joiners
+            and len(rnd.joiners) >= limits.max_members_per_job):
+        raise ResourceExhaustedError(
+            f"job '{request.job_id}' already has {len(rnd.joiners)} joiners, the limit "
+            "(max_members_per_job)"
+        )
