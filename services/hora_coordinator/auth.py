@@ -7,7 +7,7 @@ sends, and the coordinator spends nothing on decoding it. Calls with the token
 are decoded by the interceptor's wrapper: bytes that do not decode end in
 INVALID_ARGUMENT (:class:`~.errors.InvalidRequestError`), not in gRPC's
 "Unexpected error" with a traceback in the log. Log lines about refusals are
-rate limited per kind (:class:`RefusalLog`), so that a flood of bad calls
+rate limited per kind (:class:`hora_proto.refusals.RefusalLog`), so that a flood of bad calls
 cannot flood the log. The wrapped handler of each method and outcome is
 built once and kept: the authorised path (every heartbeat, every store call)
 only looks it up.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -25,11 +24,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from hora_proto.auth import TOKEN_METADATA_KEY
+from hora_proto.refusals import RefusalLog
 
 from .errors import AuthenticationError, CoordinatorError, InvalidRequestError
 from .servicer import abort_with
 
-__all__ = ["RefusalLog", "TokenAuthInterceptor"]
+__all__ = ["TokenAuthInterceptor"]
 
 logger = logging.getLogger("hora_coordinator")
 
@@ -47,38 +47,6 @@ _HANDLER_KINDS = {
 }
 
 
-class RefusalLog:
-    """At most one WARNING line per kind of refusal per ``interval_s``.
-
-    The first refusal of a kind is logged; those within ``interval_s`` of the
-    last logged one are only counted, and the next logged line says how many
-    were left out. Runs on the event loop; not thread-safe.
-
-    Args:
-        interval_s: Seconds between two lines of one kind; 0 logs every refusal.
-        clock: Monotonic seconds; injectable for tests.
-    """
-
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._interval_s = interval_s
-        self._clock = clock
-        self._last: dict[str, float] = {}
-        self._left_out: dict[str, int] = {}
-
-    def refused(self, kind: str, text: str) -> None:
-        """Logs ``text`` unless a line of ``kind`` went out less than the interval ago."""
-        now = self._clock()
-        last = self._last.get(kind)
-        if last is not None and now - last < self._interval_s:
-            self._left_out[kind] = self._left_out.get(kind, 0) + 1
-            return
-        self._last[kind] = now
-        left_out = self._left_out.pop(kind, 0)
-        if left_out:
-            text += f" ({left_out} more refusals of this kind since the last such line)"
-        logger.warning("%s", text)
-
-
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     """Refuses hora.v1 calls without the right ``hora-token`` metadata, before decoding.
 
@@ -92,7 +60,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, token: str, log: RefusalLog | None = None) -> None:
         self._token = token.encode()
-        self._log = log if log is not None else RefusalLog(0.0)
+        self._log = log if log is not None else RefusalLog(0.0, logger)
         # By (method, outcome): the server's handler and the one wrapped around it.
         self._wrapped: dict[
             tuple[str, str], tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]

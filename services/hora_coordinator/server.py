@@ -20,7 +20,9 @@ import grpc
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from .auth import RefusalLog, TokenAuthInterceptor
+from hora_proto.refusals import RefusalLog
+
+from .auth import TokenAuthInterceptor
 from .coordinator import Coordinator
 from .http import create_app
 from .servicer import add_servicers
@@ -77,7 +79,7 @@ def create_grpc_server(coordinator: Coordinator, address: str) -> tuple[grpc.aio
         RuntimeError: the address cannot be bound.
     """
     settings = coordinator.settings
-    refusals = RefusalLog(settings.refusal_log_interval.total_seconds())
+    refusals = RefusalLog(settings.refusal_log_interval.total_seconds(), logger)
     server = grpc.aio.server(
         interceptors=[TokenAuthInterceptor(settings.token, refusals)],
         options=[("grpc.so_reuseport", 0)],
