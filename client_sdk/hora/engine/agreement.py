@@ -211,18 +211,10 @@ class Agreement:
                     return
                 self._round_busy = True
             try:
-                self._round(background=True)
-            except BaseException as exc:
-                # Not a transport error (those fail the generation in _round):
-                # a bug or a torch error. Peers would wait for this rank's
-                # next round until the collective timeout; fail it now.
-                self._pending.fail(HorovodInternalError(
-                    f"rank {self.rank}: the background round failed ({exc!r}); this "
-                    f"generation cannot run further collectives"))
+                self._run_round(background=True)
+            except BaseException:
                 log.exception("rank %d: background round failed", self.rank)
                 return
-            finally:
-                self._end_round()
 
     def drive(self, handle: Handle, deadline: float | None) -> None:
         """Runs rounds in the caller's thread until ``handle`` is done.
@@ -249,17 +241,26 @@ class Agreement:
                 if handle.done() or self._pending.over():
                     return
                 self._round_busy = True
-            try:
-                self._round(background=False)
-            except BaseException as exc:
-                # A round cut short (Ctrl-C in the caller, say) may leave a
-                # peer's message unread: later rounds could not be matched.
-                self._pending.fail(HorovodInternalError(
-                    f"rank {self.rank}: a round was interrupted ({exc!r}); this generation "
-                    f"cannot run further collectives"))
-                raise
-            finally:
-                self._end_round()
+            self._run_round(background=False)
+
+    def _run_round(self, background: bool) -> None:
+        """One round by the thread that claimed it; anything but a transport
+        error (which _round handles) fails the generation, then goes up.
+
+        A round cut short (Ctrl-C in a caller, a bug, a torch error) may leave
+        a peer's message unread: later rounds could not be matched, and peers
+        would wait for this rank's next round until the collective timeout.
+        """
+        try:
+            self._round(background)
+        except BaseException as exc:
+            what = "the background round failed" if background else "a round was interrupted"
+            self._pending.fail(HorovodInternalError(
+                f"rank {self.rank}: {what} ({exc!r}); this generation cannot run further "
+                f"collectives"))
+            raise
+        finally:
+            self._end_round()
 
     def _end_round(self) -> None:
         with self._lock:
