@@ -16,6 +16,17 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
+
+def run_alone(script: str, cwd) -> subprocess.CompletedProcess:
+    """Runs ``script`` as a plain Python process, no horarun and no HORA_ settings;
+    it must exit 0."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HORA_", "HOROVOD_"))}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
 SCRIPT = textwrap.dedent("""
     import sys
     import torch
@@ -72,11 +83,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_a_script_without_horarun_runs_as_a_world_of_one_without_a_coordinator(tmp_path):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HORA_", "HOROVOD_"))}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=100)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_alone(SCRIPT, tmp_path)
     assert "world of one: ok" in done.stdout
 
 
@@ -107,11 +114,7 @@ PROCESS_SET_MISTAKES = textwrap.dedent("""
 
 
 def test_a_world_of_one_refuses_a_bad_process_set_call_as_a_larger_world_does(tmp_path):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HORA_", "HOROVOD_"))}
-    done = subprocess.run([sys.executable, "-c", PROCESS_SET_MISTAKES], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=100)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_alone(PROCESS_SET_MISTAKES, tmp_path)
     lines = done.stdout.splitlines()
     assert lines[0].startswith(
         "InvalidCallError: add_process_set failed on every rank because of rank 0: "), lines
@@ -153,11 +156,7 @@ BACKGROUND_ROUND_FAULT = textwrap.dedent("""
 def test_a_background_round_that_fails_fails_the_generation(tmp_path):
     """Not only transport errors: anything that ends the rounds thread fails the
     generation, so no caller waits for rounds that will not come."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HORA_", "HOROVOD_"))}
-    done = subprocess.run([sys.executable, "-c", BACKGROUND_ROUND_FAULT], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=100)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_alone(BACKGROUND_ROUND_FAULT, tmp_path)
     assert ("HorovodInternalError: rank 0: the background round failed "
             "(RuntimeError('injected fault'))") in done.stdout, done.stdout + done.stderr
 
@@ -185,11 +184,7 @@ GROUPED_FAULT = textwrap.dedent("""
 
 
 def test_a_grouped_call_names_the_tensor_at_fault(tmp_path):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HORA_", "HOROVOD_"))}
-    done = subprocess.run([sys.executable, "-c", GROUPED_FAULT], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=100)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_alone(GROUPED_FAULT, tmp_path)
     lines = done.stdout.splitlines()
     assert lines[0].startswith("grouped_allreduce_ tensor 'g.2': invalid call on rank 0"), lines
     assert lines[1].startswith("grouped_reducescatter tensor 'r.2': invalid call on rank 0"), lines
