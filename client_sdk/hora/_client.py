@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 
@@ -71,6 +71,13 @@ class CoordinatorLink(Protocol):
 
     def leave(self, reason: str = "shutdown", rejoin: bool = False) -> None: ...
 
+    def reattach(self, world: rendezvous_pb2.WorldView,
+                 process_sets: dict[int, tuple[int, ...]], host_update_epoch: int) -> bool: ...
+
+    def outage_started(self) -> float: ...
+
+    def outage_over(self) -> None: ...
+
     def add_process_set(self, generation: int, process_set_id: int, ranks: list[int],
                         invalid: str = "") -> None: ...
 
@@ -111,8 +118,18 @@ class CoordinatorClient:
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
+                # A coordinator that restarts is found again within a second,
+                # not after gRPC's default backoff of up to two minutes.
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
             ],
         )
+        # Since when the coordinator has been unreachable (monotonic), or None.
+        # Set by any call that found it gone, cleared once this worker has
+        # re-attached: until then "unknown job" means "restarted, not told yet".
+        self.outage_since: float | None = None
+        self._outage_lock = threading.Lock()
         self._rendezvous = rendezvous_pb2_grpc.RendezvousStub(self._channel)
         self._store = store_pb2_grpc.StoreStub(self._channel)
         self._negotiation = negotiation_pb2_grpc.NegotiationStub(self._channel)
@@ -132,11 +149,65 @@ class CoordinatorClient:
         return CoordinatorError(f"{where}: {what} failed ({code}): {detail}")
 
     def _call(self, what: str, method: Callable[..., Any], request: Any,
-              timeout: timedelta) -> Any:
+              timeout: timedelta, wait_out_outage: bool = True,
+              outage_limit: timedelta | None = None) -> Any:
+        """One unary call with its deadline; gRPC errors become hora errors.
+
+        With ``wait_out_outage`` the call outlasts a coordinator outage
+        (:meth:`_through_outage`), for at most ``outage_limit`` when given.
+        """
         try:
-            return method(request, timeout=_seconds(timeout), metadata=self._metadata)
+            if not wait_out_outage:
+                return method(request, timeout=_seconds(timeout), metadata=self._metadata)
+            return self._through_outage(what, lambda: method(
+                request, timeout=_seconds(timeout), metadata=self._metadata), outage_limit)
         except grpc.RpcError as exc:
             raise self._error(exc, what) from exc
+
+    def _through_outage(self, what: str, invoke: Callable[[], Any],
+                        limit: timedelta | None = None) -> Any:
+        """Runs ``invoke`` (one gRPC call), retrying with backoff while the
+        coordinator is unreachable, or restarted and not yet told of the job,
+        for up to the outage timeout counted from when it was first found
+        gone; then (or on any other error) the last RpcError propagates."""
+        backoff = 0.1
+        while True:
+            try:
+                return invoke()
+            except grpc.RpcError as exc:
+                if not self._outage_goes_on(exc, what, limit):
+                    raise
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    def _outage_goes_on(self, exc: grpc.RpcError, what: str,
+                        limit_td: timedelta | None = None) -> bool:
+        """Whether ``exc`` is the coordinator being away and the outage timeout has
+        not passed yet (the first such error starts the outage)."""
+        code = exc.code()
+        restarted = (code == grpc.StatusCode.NOT_FOUND and self.outage_since is not None
+                     and "unknown job" in (exc.details() or ""))
+        if code != grpc.StatusCode.UNAVAILABLE and not restarted:
+            return False
+        limit = (limit_td or self.settings.coordinator_outage_timeout).total_seconds()
+        with self._outage_lock:
+            if self.outage_since is None:
+                self.outage_since = time.monotonic()
+                log.warning("the coordinator %s is unreachable (%s); %s waits for it up to "
+                            "%g s (HORA_COORDINATOR_OUTAGE_TIMEOUT)", self.settings.coordinator,
+                            exc.details(), what, limit)
+            return time.monotonic() - self.outage_since < limit
+
+    def outage_started(self) -> float:
+        """Marks the coordinator as gone (when not already) and returns since when."""
+        with self._outage_lock:
+            if self.outage_since is None:
+                self.outage_since = time.monotonic()
+            return self.outage_since
+
+    def outage_over(self) -> None:
+        with self._outage_lock:
+            self.outage_since = None
 
     # -- rendezvous --------------------------------------------------------
 
@@ -155,15 +226,9 @@ class CoordinatorClient:
                 f"{timeout.total_seconds():g} s (HORA_CONNECT_TIMEOUT); is it running, and is "
                 f"the address right?") from None
 
-    def join(self) -> rendezvous_pb2.WorldView:
-        """Joins the job and returns this worker's world view.
-
-        Raises:
-            RendezvousTimeoutError: the world did not gather within the start timeout.
-            RendezvousError: the coordinator refused the join.
-        """
+    def _join_request(self) -> rendezvous_pb2.JoinRequest:
         s = self.settings
-        request = rendezvous_pb2.JoinRequest(
+        return rendezvous_pb2.JoinRequest(
             job_id=s.job_id, worker_id=self.worker_id, host=s.hostname, pid=os.getpid(),
             expected_size=s.size, rank_hint=s.rank, data_plane_address=s.data_plane_address,
             fusion_threshold_bytes=s.fusion_threshold,
@@ -172,25 +237,50 @@ class CoordinatorClient:
             min_size=s.min_size, max_size=s.max_size,
             elastic_timeout_ms=int(s.elastic_timeout.total_seconds() * 1000),
         )
+
+    def join(self) -> rendezvous_pb2.WorldView:
+        """Joins the job and returns this worker's world view.
+
+        Raises:
+            RendezvousTimeoutError: the world did not gather within the start timeout.
+            RendezvousError: the coordinator refused the join.
+        """
+        s = self.settings
+        request = self._join_request()
         # An elastic round may wait up to the elastic timeout for enough workers.
         deadline, setting = s.start_timeout, "HORA_START_TIMEOUT"
         if s.is_elastic and s.elastic_timeout > deadline:
             deadline, setting = s.elastic_timeout, "HORA_ELASTIC_TIMEOUT"
         wanted = (f"at least {s.min_size or 1} workers" if s.is_elastic
                   else f"the world of {s.size} workers")
-        try:
-            response = self._rendezvous.Join(
-                request, timeout=_seconds(deadline), metadata=self._metadata)
-        except grpc.RpcError as exc:
-            code = exc.code()
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise RendezvousTimeoutError(
-                    f"job {s.job_id!r}: {wanted} did not gather within "
-                    f"{deadline.total_seconds():g} s ({setting})") from exc
-            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-                raise RendezvousError(f"job {s.job_id!r}: join refused: {exc.details()}") from exc
-            raise self._error(exc, "join") from exc
+        give_up = time.monotonic() + _seconds(deadline)
+        backoff = 0.1
+        while True:
+            try:
+                response = self._rendezvous.Join(
+                    request, timeout=max(0.001, give_up - time.monotonic()),
+                    metadata=self._metadata)
+                break
+            except grpc.RpcError as exc:
+                # A coordinator restarting (an elastic reset during its outage) is waited for.
+                if (exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= give_up
+                        or not self._outage_goes_on(exc, "join")):
+                    self._join_failed(exc, wanted, deadline, setting)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+        self.outage_over()
         return response.world
+
+    def _join_failed(self, exc: grpc.RpcError, wanted: str, deadline: timedelta,
+                     setting: str) -> NoReturn:
+        job_id, code = self.settings.job_id, exc.code()
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise RendezvousTimeoutError(
+                f"job {job_id!r}: {wanted} did not gather within "
+                f"{deadline.total_seconds():g} s ({setting})") from exc
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+            raise RendezvousError(f"job {job_id!r}: join refused: {exc.details()}") from exc
+        raise self._error(exc, "join") from exc
 
     def leave(self, reason: str = "shutdown", rejoin: bool = False) -> None:
         """Tells the coordinator this worker leaves on purpose (best effort).
@@ -200,7 +290,8 @@ class CoordinatorClient:
         request = rendezvous_pb2.LeaveRequest(
             job_id=self.job_id, worker_id=self.worker_id, reason=reason, rejoin=rejoin)
         try:
-            self._call("leave", self._rendezvous.Leave, request, timedelta(seconds=5))
+            self._call("leave", self._rendezvous.Leave, request, timedelta(seconds=5),
+                       outage_limit=self.settings.connect_timeout)
         except CoordinatorError as exc:
             log.debug("leave failed: %s", exc)
 
@@ -208,14 +299,44 @@ class CoordinatorClient:
         request = rendezvous_pb2.HeartbeatRequest(
             job_id=self.job_id, worker_id=self.worker_id, generation=generation)
         return self._call("heartbeat", self._rendezvous.Heartbeat, request,
-                          max(self.settings.heartbeat_interval * 5, timedelta(seconds=2)))
+                          max(self.settings.heartbeat_interval * 5, timedelta(seconds=2)),
+                          wait_out_outage=False)
+
+    def reattach(self, world: rendezvous_pb2.WorldView,
+                 process_sets: dict[int, tuple[int, ...]], host_update_epoch: int) -> bool:
+        """Reports this member of ``world``'s generation to the coordinator again after
+        it was lost (see the Reattach RPC); no waiting: the caller retries.
+
+        Returns:
+            Whether the coordinator rebuilt the job from this report (no journal).
+
+        Raises:
+            CoordinatorUnavailableError: still unreachable.
+            CoordinatorError: it refused (FAILED_PRECONDITION: the generation is
+                over or this worker is no longer a member of it).
+        """
+        request = rendezvous_pb2.ReattachRequest(
+            join=self._join_request(), world=world, host_update_epoch=host_update_epoch,
+            process_sets=[rendezvous_pb2.ProcessSetSpec(process_set_id=i, ranks=r)
+                          for i, r in sorted(process_sets.items())])
+        try:
+            response = self._rendezvous.Reattach(
+                request, timeout=_seconds(self.settings.connect_timeout),
+                metadata=self._metadata)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # an old coordinator without Reattach
+                raise CoordinatorError(f"coordinator {self.settings.coordinator} cannot "
+                                       f"re-attach members: {exc.details()}") from exc
+            raise self._error(exc, "re-attach") from exc
+        return response.restored
 
     # -- store -------------------------------------------------------------
 
     def _store_call(self, what: str, method: Callable[..., Any], request: Any,
                     timeout: timedelta, keys: list[str]) -> Any:
         try:
-            return method(request, timeout=_seconds(timeout) + 5.0, metadata=self._metadata)
+            return self._through_outage(f"store {what}", lambda: method(
+                request, timeout=_seconds(timeout) + 5.0, metadata=self._metadata))
         except grpc.RpcError as exc:
             if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND):
                 raise StoreKeyError(
@@ -291,7 +412,8 @@ class CoordinatorClient:
                    else s.collective_timeout)
         start = time.monotonic()
         try:
-            method(request, timeout=_seconds(timeout), metadata=self._metadata)
+            self._through_outage(what, lambda: method(
+                request, timeout=_seconds(timeout), metadata=self._metadata))
         except grpc.RpcError as exc:
             code, detail = exc.code(), exc.details()
             if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -313,6 +435,12 @@ class CoordinatorClient:
 
 
 _CLOSE = object()
+# How a stream ends when the coordinator dies or the network drops (as
+# opposed to a refusal such as FAILED_PRECONDITION).
+_STREAM_BROKE = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
+})
 
 
 class NegotiationStream:
@@ -372,6 +500,10 @@ class NegotiationStream:
         except grpc.RpcError as exc:
             if self._closed.is_set() and exc.code() == grpc.StatusCode.CANCELLED:
                 return
+            if exc.code() in _STREAM_BROKE:  # the coordinator went away, not a refusal
+                raise CoordinatorUnavailableError(
+                    f"coordinator {self._client.settings.coordinator}: the negotiation stream "
+                    f"broke ({exc.code()}): {exc.details()}") from exc
             raise self._client._error(exc, "negotiation stream") from exc
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 from hora_proto.v1 import negotiation_pb2, rendezvous_pb2
@@ -56,6 +57,17 @@ class SoloClient:
 
     def leave(self, reason: str = "shutdown", rejoin: bool = False) -> None:
         """Nobody to tell."""
+
+    def reattach(self, world: rendezvous_pb2.WorldView,
+                 process_sets: dict[int, tuple[int, ...]], host_update_epoch: int) -> bool:
+        """Never needed: the in-process table cannot be lost."""
+        return False
+
+    def outage_started(self) -> float:
+        return time.monotonic()
+
+    def outage_over(self) -> None:
+        """No outage to end."""
 
     def add_process_set(self, generation: int, process_set_id: int, ranks: list[int],
                         invalid: str = "") -> None:

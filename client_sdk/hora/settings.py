@@ -119,6 +119,9 @@ ENV_VARS: tuple[_Var, ...] = (
          "seconds to wait for the world to gather"),
     _Var("connect_timeout", ("HORA_CONNECT_TIMEOUT",), _seconds,
          "seconds to wait for the coordinator to answer at init"),
+    _Var("coordinator_outage_timeout", ("HORA_COORDINATOR_OUTAGE_TIMEOUT",), _seconds,
+         "seconds a worker trains on without the coordinator (it restarts, the network "
+         "drops) before what needs it fails"),
     _Var("collective_timeout", ("HORA_COLLECTIVE_TIMEOUT", "HOROVOD_GLOO_TIMEOUT_SECONDS"),
          _seconds, "seconds a data-plane collective may take"),
     _Var("heartbeat_interval", ("HORA_HEARTBEAT_INTERVAL",), _seconds,
@@ -181,6 +184,7 @@ class Settings:
     network_interface: str = ""
     start_timeout: timedelta = timedelta(seconds=60)
     connect_timeout: timedelta = timedelta(seconds=15)
+    coordinator_outage_timeout: timedelta = timedelta(seconds=60)
     collective_timeout: timedelta = timedelta(seconds=300)
     heartbeat_interval: timedelta = timedelta(seconds=1)
     stall_warning_time: timedelta = timedelta(seconds=60)
@@ -312,7 +316,7 @@ class Settings:
             raise SettingsError(
                 f"log level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         for name in ("start_timeout", "connect_timeout", "collective_timeout",
-                     "heartbeat_interval"):
+                     "heartbeat_interval", "coordinator_outage_timeout"):
             if getattr(self, name) <= timedelta(0):
                 raise SettingsError(f"{name} must be positive, got {getattr(self, name)}")
 

@@ -28,10 +28,12 @@ from .errors import (
     SupersededError,
     UnknownError,
 )
+from .journal import NO_JOURNAL, Journal
 from .limits import check_join_limits, shown_id
 from .messages import (
     AddProcessSetRequest,
     JoinRequest,
+    ReattachRequest,
     RemoveProcessSetRequest,
     TensorRequest,
 )
@@ -57,13 +59,21 @@ class Coordinator:
     Args:
         settings: The coordinator's settings (lease, check interval).
         clock: Unix time in seconds; injectable so tests can drive time.
+        journal: Where jobs, events and store keys are written before they are
+            acknowledged; what it holds is loaded now (a restart resumes it).
     """
 
     def __init__(
-        self, settings: CoordinatorSettings, clock: Callable[[], float] = time.time
+        self,
+        settings: CoordinatorSettings,
+        clock: Callable[[], float] = time.time,
+        journal: Journal = NO_JOURNAL,
     ) -> None:
         self.settings = settings
         self.clock = clock
+        self.journal = journal
+        # By job: what the journal last saw of it (see _persist).
+        self._journaled: dict[str, _Fingerprint] = {}
         self.jobs: dict[str, state.Job] = {}
         self.stores: dict[str, KeyValueStore] = {}
         self.serving = False
@@ -80,6 +90,39 @@ class Coordinator:
         self.messages_queued: dict[str, int] = {}
         # Jobs seen ended with nothing of them left, and since when.
         self._ended_since: dict[str, float] = {}
+        self._restore()
+
+    def _restore(self) -> None:
+        """Loads what the journal kept; running members get one lease to re-attach."""
+        restored = self.journal.load(self.clock())
+        for job in restored.jobs:
+            if state.abandoned(job):
+                self.journal.forget(job.job_id)
+                continue
+            self.jobs[job.job_id] = job
+            self.stores[job.job_id] = self._new_store(job.job_id,
+                                                      restored.stores.get(job.job_id))
+            self._journaled[job.job_id] = _fingerprint(job)
+            if job.phase is state.JobPhase.RUNNING:
+                logger.info("job '%s': generation %d restored from the journal; its %d "
+                            "member(s) must re-attach within %g s", shown_id(job.job_id),
+                            job.generation, len(job.active_worker_ids()), self._lease_s)
+        if restored.jobs:
+            logger.info("hora-coordinator: %d job(s) restored from the journal", len(self.jobs))
+
+    def _persist(self, job: state.Job) -> None:
+        """Writes the job to the journal when a transition changed what it keeps."""
+        if self.journal is NO_JOURNAL or self.jobs.get(job.job_id) is not job:
+            return
+        seen = _fingerprint(job)
+        before = self._journaled.get(job.job_id)
+        if seen == before:
+            return
+        written = before[0] if before is not None else 0
+        fresh = min(job.event_count - written, len(job.events))
+        new_events = list(job.events)[len(job.events) - fresh:] if fresh > 0 else []
+        self.journal.save_job(job, new_events)
+        self._journaled[job.job_id] = seen
 
     # ---- lookups ----------------------------------------------------------------------
 
@@ -93,6 +136,17 @@ class Coordinator:
         if job is None:
             raise UnknownError(f"unknown job '{job_id}' (a job exists once a worker joins it)")
         return job
+
+    def _new_store(self, job_id: str, data: dict[str, bytes] | None = None) -> KeyValueStore:
+        journal = self.journal
+        return KeyValueStore(
+            job_id,
+            self.settings.max_store_key_bytes,
+            self.settings.max_store_value_bytes,
+            on_change=None if journal is NO_JOURNAL
+            else lambda key, value: journal.store_write(job_id, key, value),
+            data=data,
+        )
 
     def store(self, job_id: str) -> KeyValueStore:
         """The store of job ``job_id``; raises UnknownError for an unknown job."""
@@ -134,11 +188,7 @@ class Coordinator:
             effects = state.join(job, request, self.clock())
             if fresh:
                 self.jobs[job.job_id] = job
-                self.stores[job.job_id] = KeyValueStore(
-                    job.job_id,
-                    self.settings.max_store_key_bytes,
-                    self.settings.max_store_value_bytes,
-                )
+                self.stores[job.job_id] = self._new_store(job.job_id)
             self.apply(job, effects)
         except BaseException:
             if self._joins.get(key) is waiter:
@@ -152,6 +202,41 @@ class Coordinator:
                 self.apply(job, state.cancel_join(job, request.worker_id, self.clock()))
                 self._forget_if_abandoned(job)
             raise
+
+    def reattach(self, request: ReattachRequest) -> bool:
+        """A member of a running generation reports in after losing the coordinator.
+
+        Returns:
+            True when the job was unknown and has been rebuilt from this report
+            (its event history starts again).
+        """
+        job = self.jobs.get(request.join.job_id)
+        restored = job is None
+        if job is None:
+            check_join_limits(self.settings, None, request.join)
+            if len(request.members) > self.settings.max_members_per_job:
+                raise InvalidRequestError(
+                    f"a world of {len(request.members)} is above this coordinator's limit of "
+                    f"{self.settings.max_members_per_job} members per job"
+                )
+            if len(self.jobs) >= self.settings.max_jobs:
+                raise ResourceExhaustedError(
+                    f"this coordinator holds {len(self.jobs)} jobs, its limit (max_jobs); "
+                    f"job '{shown_id(request.join.job_id)}' cannot be restored"
+                )
+            job = state.restore_job(request, self.clock())
+        effects = state.reattach(job, request, self.clock())
+        if restored:
+            self.jobs[job.job_id] = job
+            self.stores[job.job_id] = self._new_store(job.job_id)
+            logger.warning(
+                "job '%s': generation %d restored from the report of worker %s (no journal "
+                "held it); its other members must re-attach within %g s",
+                shown_id(job.job_id), job.generation, request.join.worker_id, self._lease_s)
+        # A stream of the generation may open again: its outbox is fresh.
+        self._outboxes.setdefault((job.job_id, request.join.worker_id), asyncio.Queue())
+        self.apply(job, effects)
+        return restored
 
     def leave(self, job_id: str, worker_id: str, reason: str, rejoin: bool = False) -> None:
         """A worker leaves on purpose (idempotent); with ``rejoin``, this generation only."""
@@ -170,7 +255,9 @@ class Coordinator:
 
     def report_event(self, job_id: str, kind: str, host: str, message: str) -> None:
         """Records an event the launcher saw in the job's log."""
-        state.report_event(self.job(job_id), kind, host, message, self.clock())
+        job = self.job(job_id)
+        state.report_event(job, kind, host, message, self.clock())
+        self._persist(job)
 
     def list_events(self, job_id: str) -> list[state.JobEvent]:
         """The job's event log, oldest first."""
@@ -369,6 +456,8 @@ class Coordinator:
         """Drops the job and everything held for it: store, notices, outboxes, counts."""
         del self.jobs[job_id]
         self.stores.pop(job_id, None)
+        self.journal.forget(job_id)
+        self._journaled.pop(job_id, None)
         self._ended_since.pop(job_id, None)
         self._notices.forget(job_id)
         self.messages_queued.pop(job_id, None)
@@ -440,6 +529,7 @@ class Coordinator:
                     self._outboxes[(job.job_id, worker_id)] = asyncio.Queue()
             elif isinstance(effect, state.Log):
                 logger.log(effect.level, effect.message)
+        self._persist(job)
 
     def _settle(
         self, job_id: str, worker_id: str, view: rpb.WorldView | None, error: Exception | None
@@ -468,6 +558,16 @@ class Coordinator:
         boxes = [*self._outboxes.values(), *self._open_streams.values()]
         for outbox in {id(box): box for box in boxes}.values():
             outbox.put_nowait(STREAM_END)
+
+
+_Fingerprint = tuple[int, state.JobPhase, int, int, int]
+
+
+def _fingerprint(job: state.Job) -> _Fingerprint:
+    """What changes whenever a transition changes what the journal keeps of a job
+    (every such transition records an event); its first item is the event count."""
+    return (job.event_count, job.phase, job.generation, len(job.table.process_sets),
+            job.host_update_epoch)
 
 
 def _copy(error: _E) -> _E:

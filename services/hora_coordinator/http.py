@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.registry import CollectorRegistry
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from . import metrics, state
 from .coordinator import Coordinator
@@ -54,6 +54,10 @@ class JobSummary(BaseModel):
     max_size: int
     reset_count: int
     host_update_epoch: int
+    history_restarted: bool = Field(
+        description="the coordinator restarted without a journal (--state-dir) and rebuilt "
+        "this job from its members' reports: its event log starts at the restart"
+    )
 
 
 class JobDetail(JobSummary):
@@ -144,6 +148,7 @@ def _summary_fields(job: state.Job) -> dict[str, Any]:
         "max_size": job.elastic.max_size if job.elastic is not None else 0,
         "reset_count": job.reset_count,
         "host_update_epoch": job.host_update_epoch,
+        "history_restarted": job.history_restarted,
     }
 
 

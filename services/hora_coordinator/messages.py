@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = [
@@ -34,8 +34,10 @@ __all__ = [
     "JoinRequest",
     "OpType",
     "PlainTensorRequest",
+    "ReattachRequest",
     "ReduceOp",
     "RemoveProcessSetRequest",
+    "ReportedMember",
     "Response",
     "ResponseList",
     "ResponseType",
@@ -115,6 +117,17 @@ class JobState(enum.IntEnum):
 
 
 @dataclass(frozen=True)
+class ReportedMember:
+    """One member of a generation as a re-attaching worker knows it."""
+
+    rank: int
+    worker_id: str
+    host: str
+    pid: int
+    data_plane_address: str
+
+
+@dataclass(frozen=True)
 class JoinRequest:
     """A worker asks to join the next generation (``hora.v1.JoinRequest``).
 
@@ -135,6 +148,28 @@ class JoinRequest:
     min_size: int = 0
     max_size: int = 0
     elastic_timeout_ms: int = 0
+
+
+@dataclass(frozen=True)
+class ReattachRequest:
+    """A member of a running generation that lost the coordinator reports in
+    (``hora.v1.ReattachRequest``).
+
+    Attributes:
+        join: Who the worker is and the job's settings, as it joined.
+        generation: The generation it belongs to.
+        rank: Its rank there.
+        members: Every member of that generation, by rank.
+        process_sets: The sets registered in it, by id (the global set excluded).
+        host_update_epoch: The newest host-change epoch the worker has seen.
+    """
+
+    join: JoinRequest
+    generation: int
+    rank: int
+    members: tuple[ReportedMember, ...]
+    process_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    host_update_epoch: int = 0
 
 
 @dataclass(frozen=True)

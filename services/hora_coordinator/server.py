@@ -25,6 +25,7 @@ from hora_proto.refusals import RefusalLog
 from .auth import TokenAuthInterceptor
 from .coordinator import Coordinator
 from .http import create_app
+from .journal import open_journal
 from .servicer import add_servicers
 from .settings import CoordinatorSettings
 
@@ -128,7 +129,8 @@ async def serve(
     """
     settings = settings.with_token()
     stop = stop or asyncio.Event()
-    coordinator = Coordinator(settings)
+    journal = open_journal(settings.state_dir)
+    coordinator = Coordinator(settings, journal=journal)
     grpc_server, grpc_port = create_grpc_server(
         coordinator, format_address(settings.host, settings.grpc_port)
     )
@@ -177,6 +179,7 @@ async def serve(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(http_task, timeout=5.0)
         sock.close()
+        journal.close()
         logger.info("hora-coordinator: stopped")
 
 

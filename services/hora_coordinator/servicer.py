@@ -129,6 +129,11 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
     async def ListEvents(self, request, context):  # noqa: N802
         return wire.list_events_response_pb(self._c.list_events(request.job_id))
 
+    @_mapped
+    async def Reattach(self, request, context):  # noqa: N802
+        restored = self._c.reattach(wire.reattach_request(request))
+        return rendezvous_pb2.ReattachResponse(restored=restored)
+
 
 class StoreServicer(store_pb2_grpc.StoreServicer):
     """hora.v1.Store over the coordinator's per-job stores."""

@@ -55,6 +55,9 @@ class CoordinatorSettings:
         max_store_key_bytes: Longest store key, in UTF-8 bytes.
         max_store_value_bytes: Largest store value, in bytes.
         log_level: Name of a :mod:`logging` level.
+        state_dir: Where the journal lives (SQLite in WAL mode); None keeps no
+            journal, and a restart then rebuilds running jobs from their
+            members' reports alone.
     """
 
     host: str = "127.0.0.1"
@@ -71,6 +74,7 @@ class CoordinatorSettings:
     max_store_key_bytes: int = 4096
     max_store_value_bytes: int = 1024 * 1024
     log_level: str = "INFO"
+    state_dir: Path | None = None
 
     def __post_init__(self) -> None:
         for name in ("grpc_port", "http_port"):
@@ -158,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"limit: {name.replace('_', ' ')} (default %(default)s)",
         )
     parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="keep a journal of jobs, generations, events and store keys here "
+        "(SQLite, WAL), so that a restarted coordinator resumes them "
+        "(default: $HORA_STATE_DIR, else none)",
+    )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         default=None,
@@ -196,6 +208,8 @@ def parse_command_line(
             refusal_log_interval=timedelta(seconds=args.refusal_log_interval_s),
             **{name: getattr(args, name) for name in _LIMITS},
             log_level=log_level,
+            state_dir=args.state_dir or (Path(env["HORA_STATE_DIR"])
+                                         if env.get("HORA_STATE_DIR") else None),
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -8,7 +8,7 @@ polling. Runs on the coordinator's event loop; not thread-safe.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .errors import InvalidRequestError, KeyTimeoutError, OutOfRangeError, UnknownError
 
@@ -22,12 +22,20 @@ class KeyValueStore:
     """Keys are strings, values bytes; integers for Add are decimal ASCII."""
 
     def __init__(
-        self, job_id: str, max_key_bytes: int = 4096, max_value_bytes: int = 1024 * 1024
+        self,
+        job_id: str,
+        max_key_bytes: int = 4096,
+        max_value_bytes: int = 1024 * 1024,
+        on_change: Callable[[str, bytes | None], None] | None = None,
+        data: dict[str, bytes] | None = None,
     ) -> None:
+        """``on_change(key, value)`` hears of every write before it is acknowledged
+        (value None: deleted), e.g. the journal; ``data`` is what it restored."""
         self.job_id = job_id
+        self._on_change = on_change
         self._max_key_bytes = max_key_bytes
         self._max_value_bytes = max_value_bytes
-        self._data: dict[str, bytes] = {}
+        self._data: dict[str, bytes] = dict(data or {})
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
 
     def __len__(self) -> int:
@@ -65,6 +73,8 @@ class KeyValueStore:
 
     def _put(self, key: str, value: bytes) -> None:
         """Sets a checked ``key`` and wakes everyone waiting for it."""
+        if self._on_change is not None:
+            self._on_change(key, value)
         self._data[key] = value
         waiters = self._waiters.pop(key, None)
         if waiters:
@@ -176,4 +186,9 @@ class KeyValueStore:
     def delete(self, key: str) -> bool:
         """Deletes ``key``; whether it existed."""
         self.check(key)
-        return self._data.pop(key, None) is not None
+        if key not in self._data:
+            return False
+        if self._on_change is not None:
+            self._on_change(key, None)
+        del self._data[key]
+        return True

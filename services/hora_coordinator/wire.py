@@ -23,7 +23,9 @@ from .messages import (
     CoordinatorMessage,
     Event,
     JoinRequest,
+    ReattachRequest,
     RemoveProcessSetRequest,
+    ReportedMember,
     Response,
     TensorRequest,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "heartbeat_pb",
     "join_request",
     "join_response_pb",
+    "reattach_request",
     "list_events_response_pb",
     "remove_process_set_request",
     "response_pb",
@@ -72,6 +75,22 @@ def join_request(message: rpb.JoinRequest) -> JoinRequest:
         min_size=message.min_size,
         max_size=message.max_size,
         elastic_timeout_ms=message.elastic_timeout_ms,
+    )
+
+
+def reattach_request(message: rpb.ReattachRequest) -> ReattachRequest:
+    """A Reattach's report as the transitions read it."""
+    world = message.world
+    return ReattachRequest(
+        join=join_request(message.join),
+        generation=world.generation,
+        rank=world.rank,
+        members=tuple(
+            ReportedMember(m.rank, m.worker_id, m.host, m.pid, m.data_plane_address)
+            for m in world.members
+        ),
+        process_sets={s.process_set_id: tuple(s.ranks) for s in message.process_sets},
+        host_update_epoch=message.host_update_epoch,
     )
 
 

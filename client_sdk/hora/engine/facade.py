@@ -99,7 +99,8 @@ class Engine:
                                   self._pending, self.agreement.cached_stalls)
         self._negotiator = Negotiator(settings, client, world.generation, world.rank,
                                       self._pending, self._executor, self._sets,
-                                      on_global_list=self.agreement.receive_list)
+                                      on_global_list=self.agreement.receive_list,
+                                      reattach=self._reattach)
         self._threads = [
             self._negotiator.thread,
             threading.Thread(target=self.agreement.loop, name="hora-rounds", daemon=True),
@@ -107,6 +108,12 @@ class Engine:
         ]
         for thread in self._threads:
             thread.start()
+
+    def _reattach(self) -> bool:
+        """Reports this member to the coordinator again after losing it (the
+        negotiator's reader calls it); True when it rebuilt the job from reports."""
+        return self._client.reattach(self.world, self._sets.registered(),
+                                     self._liveness.host_epoch[0])
 
     @property
     def timeline(self) -> Timeline | NullTimeline:

@@ -3,8 +3,8 @@
 The heartbeat thread tells the coordinator this rank is alive and learns
 from its answers whether the job has failed and whether the host set has
 changed (for elastic training). Silence from the coordinator for longer
-than the connect timeout fails the generation: nobody would tell this rank
-of a dead peer. The coordinator warns of stalled negotiations itself; the
+than the outage timeout fails the generation; shorter silences (a restart,
+a pause) are waited out while training goes on. The coordinator warns of stalled negotiations itself; the
 cached tensors it never sees are checked here.
 """
 
@@ -54,9 +54,9 @@ class Liveness:
 
     def _loop(self) -> None:
         interval = self._settings.heartbeat_interval.total_seconds()
-        # Transient coordinator hiccups are fine; silence longer than the
-        # connect timeout means nobody will tell us about dead peers.
-        grace = max(self._settings.connect_timeout.total_seconds(), 3 * interval)
+        # The coordinator may be away (restarting, stopped, the network down):
+        # training goes on meanwhile, up to the outage timeout.
+        grace = max(self._settings.coordinator_outage_timeout.total_seconds(), 3 * interval)
         last_ok = time.monotonic()
         while not self._pending.stopping.wait(interval):
             try:
@@ -64,7 +64,9 @@ class Liveness:
             except CoordinatorError as exc:
                 if time.monotonic() - last_ok > grace:
                     self._pending.fail(HorovodInternalError(
-                        f"no heartbeat answer from the coordinator for {grace:g} s: {exc}"))
+                        f"no heartbeat answer from the coordinator "
+                        f"{self._settings.coordinator} for {grace:g} s "
+                        f"(HORA_COORDINATOR_OUTAGE_TIMEOUT): {exc}"))
                     return
                 continue
             last_ok = time.monotonic()

@@ -78,6 +78,10 @@ class ProcessSets:
                              f"(or was removed); call hvd.add_process_set first")
         return found
 
+    def registered(self) -> dict[int, tuple[int, ...]]:
+        """The sets added in this generation, by id, with their ranks (not the global set)."""
+        return {set_id: group.ranks for set_id, group in list(self._sets.items()) if set_id}
+
     def add(self, process_set_id: int, ranks: Sequence[int]) -> None:
         """Records a set the coordinator has accepted and builds its CPU data plane."""
         ranks = tuple(sorted(ranks))

@@ -53,6 +53,7 @@ from .hosts import (
 from .output import WorkerOutput
 from .remote import RemoteShell, UnreachableHostError
 from .supervisor import Supervisor
+from .watch import CoordinatorWatch
 
 __all__ = ["horovodrun_main", "main", "resolve_hosts"]
 
@@ -337,6 +338,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
                  f"{slot.local_size}, cross {slot.cross_rank}/{slot.cross_size})")
 
     coordinator = None
+    watch: CoordinatorWatch | None = None
     address = config.coordinator
     try:
         if network.remote is not None:
@@ -356,8 +358,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
             address = coordinator.grpc_address
             _err(f"coordinator gRPC {address}, HTTP http://{network.host}:"
                  f"{coordinator.http_port}, job {config.job_id}")
-        # With --coordinator, workers may start before it is reachable; they
-        # retry within their connect timeout, so no check is made here.
+        else:
+            # Workers may start before it is reachable (they retry within their
+            # connect timeout), so no check is made here; an outage later is reported.
+            watch = CoordinatorWatch(address, _err).start()
         try:
             if elastic is not None and find_hosts is not None:
                 return _run_elastic(config, elastic, find_hosts, address, network)
@@ -372,6 +376,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
         # Ctrl-C before the workers (and our handlers) were in place.
         return 130
     finally:
+        if watch is not None:
+            watch.stop()
         if coordinator is not None:
             coordinator.stop()
         # Every worker has exited: shared segments a killed one left behind.

@@ -210,3 +210,29 @@ class GetWorldRequest(_message.Message):
     job_id: str
     worker_id: str
     def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class ProcessSetSpec(_message.Message):
+    __slots__ = ("process_set_id", "ranks")
+    PROCESS_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    process_set_id: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, process_set_id: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReattachRequest(_message.Message):
+    __slots__ = ("join", "world", "process_sets", "host_update_epoch")
+    JOIN_FIELD_NUMBER: _ClassVar[int]
+    WORLD_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_SETS_FIELD_NUMBER: _ClassVar[int]
+    HOST_UPDATE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    join: JoinRequest
+    world: WorldView
+    process_sets: _containers.RepeatedCompositeFieldContainer[ProcessSetSpec]
+    host_update_epoch: int
+    def __init__(self, join: _Optional[_Union[JoinRequest, _Mapping]] = ..., world: _Optional[_Union[WorldView, _Mapping]] = ..., process_sets: _Optional[_Iterable[_Union[ProcessSetSpec, _Mapping]]] = ..., host_update_epoch: _Optional[int] = ...) -> None: ...
+
+class ReattachResponse(_message.Message):
+    __slots__ = ("restored",)
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    restored: bool
+    def __init__(self, restored: _Optional[bool] = ...) -> None: ...

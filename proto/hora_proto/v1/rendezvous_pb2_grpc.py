@@ -64,6 +64,11 @@ class RendezvousStub:
                 request_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsResponse.FromString,
                 _registered_method=True)
+        self.Reattach = channel.unary_unary(
+                '/hora.v1.Rendezvous/Reattach',
+                request_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.ReattachRequest.SerializeToString,
+                response_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.ReattachResponse.FromString,
+                _registered_method=True)
 
 
 class RendezvousServicer:
@@ -123,6 +128,21 @@ class RendezvousServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reattach(self, request, context):
+        """Re-attaches a member of a running generation after it lost the
+        coordinator (a restart, a network outage): same generation, same rank,
+        no reset. Each member reports what it knows of the job; a coordinator
+        that does not know the job (restarted without --state-dir) rebuilds it
+        from the first report, and every member must re-attach within a lease or
+        is lost. Errors: FAILED_PRECONDITION when the generation is no longer
+        running or the worker is not an active member of it (the worker resets
+        or fails as after any loss); INVALID_ARGUMENT for a report that
+        contradicts the job the coordinator holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RendezvousServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +175,11 @@ def add_RendezvousServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsRequest.FromString,
                     response_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'Reattach': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reattach,
+                    request_deserializer=hora__proto_dot_v1_dot_rendezvous__pb2.ReattachRequest.FromString,
+                    response_serializer=hora__proto_dot_v1_dot_rendezvous__pb2.ReattachResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -319,6 +344,33 @@ class Rendezvous:
             '/hora.v1.Rendezvous/ListEvents',
             hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsRequest.SerializeToString,
             hora__proto_dot_v1_dot_rendezvous__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reattach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hora.v1.Rendezvous/Reattach',
+            hora__proto_dot_v1_dot_rendezvous__pb2.ReattachRequest.SerializeToString,
+            hora__proto_dot_v1_dot_rendezvous__pb2.ReattachResponse.FromString,
             options,
             channel_credentials,
             insecure,

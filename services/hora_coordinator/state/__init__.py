@@ -37,7 +37,8 @@ The package's modules, one per stage: :mod:`.job` (the records),
 :mod:`.rendezvous` (Join), :mod:`.generations` (forming a generation, failing a
 job), :mod:`.elastic` (elastic bounds, ends of generations, round deadlines),
 :mod:`.departures` (Leave and losses), :mod:`.liveness` (heartbeats, the
-periodic check), :mod:`.streams` (negotiation streams), :mod:`.process_sets`
+periodic check), :mod:`.restore` (members re-attaching after a coordinator
+restart or outage), :mod:`.streams` (negotiation streams), :mod:`.process_sets`
 (AddProcessSet and RemoveProcessSet, collectives of every member) and
 :mod:`.views` (world views, heartbeat replies, the event log). The transitions
 take and return plain objects (:mod:`hora_coordinator.messages`, :mod:`.views`);
@@ -72,6 +73,7 @@ from .process_sets import (
     withdraw_set_call,
 )
 from .rendezvous import abandoned, cancel_join, join
+from .restore import reattach, restore_job
 from .streams import handle_requests, open_stream
 from .views import (
     HeartbeatReply,
@@ -124,8 +126,10 @@ __all__ = [
     "new_job",
     "open_stream",
     "order_joiners",
+    "reattach",
     "remove_process_set",
     "report_event",
+    "restore_job",
     "stream_closed",
     "withdraw_set_call",
     "world_view",

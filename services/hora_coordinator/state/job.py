@@ -184,6 +184,11 @@ class Job:
     host_update_epoch: int = 0
     removals_only: bool = False
     events: deque[JobEvent] = field(default_factory=lambda: deque(maxlen=EVENT_LOG_LIMIT))
+    # Events ever recorded (the deque keeps the newest); the journal writes the rest.
+    event_count: int = 0
+    # Rebuilt from members' reports after a coordinator restart without a
+    # journal: the event log starts again there.
+    history_restarted: bool = False
 
     @property
     def size(self) -> int:
@@ -219,6 +224,7 @@ def record(
     if isinstance(member, Member):
         rank = member.rank
     job.events.append(JobEvent(int(now * 1000), kind, job.generation, rank, host, pid, message))
+    job.event_count += 1
 
 
 def round_config(request: JoinRequest, size: int) -> JobConfig:
