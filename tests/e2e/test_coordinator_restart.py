@@ -102,12 +102,12 @@ def wait_steps(out: Path, at_least: int, proc: subprocess.Popen, timeout: float 
 
 
 def start_job(tmp_path: Path, coord: CoordinatorProcess, steps: int,
-              new_name_every: int = 40) -> subprocess.Popen:
+              new_name_every: int = 40, env: dict[str, str] | None = None) -> subprocess.Popen:
     script = tmp_path / "train.py"
     script.write_text(WORKER)
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HORA_TOKEN": coord.token}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HORA_TOKEN": coord.token, **(env or {})}
     return subprocess.Popen(
         [*HORARUN, "-np", "2", "--coordinator", coord.grpc_address, "--job-id", "restart-job",
          sys.executable, str(script), str(out), str(steps), str(new_name_every)],
@@ -179,6 +179,25 @@ def test_training_goes_on_through_a_coordinator_kill_and_restart(tmp_path, journ
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_coordinator_that_never_comes_back_fails_the_job_after_the_outage_timeout(tmp_path):
+    with CoordinatorProcess() as coord:
+        proc = start_job(tmp_path, coord, 2000, env={"HORA_COORDINATOR_OUTAGE_TIMEOUT": "3"})
+        wait_steps(tmp_path / "out", 30, proc)
+        coord.proc.send_signal(signal.SIGKILL)
+        coord.proc.wait(10)
+        killed = time.monotonic()
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("the workers waited for the coordinator for ever") from None
+        waited = time.monotonic() - killed
+    assert proc.returncode != 0
+    assert "HorovodInternalError" in stderr, stderr[-4000:]
+    assert "for 3 s (HORA_COORDINATOR_OUTAGE_TIMEOUT)" in stderr, stderr[-4000:]
+    assert waited < 45, waited  # 3 s, plus a slow machine's start and stop
 
 
 def test_a_stopped_coordinator_never_stops_training(tmp_path):

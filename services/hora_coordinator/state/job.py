@@ -218,9 +218,10 @@ def record(
     message: str = "",
     member: Member | Joiner | None = None,
     rank: int = -1,
+    host: str = "",
 ) -> None:
     """Appends one event to the job's log (the deque drops the oldest past the limit)."""
-    host, pid = (member.host, member.pid) if member is not None else ("", 0)
+    host, pid = (member.host, member.pid) if member is not None else (host, 0)
     if isinstance(member, Member):
         rank = member.rank
     job.events.append(JobEvent(int(now * 1000), kind, job.generation, rank, host, pid, message))
