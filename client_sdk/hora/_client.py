@@ -29,6 +29,7 @@ from hora_proto.v1 import (
     store_pb2_grpc,
 )
 
+from ._tls import coordinator_channel
 from .errors import (
     AuthenticationError,
     CoordinatorError,
@@ -46,6 +47,14 @@ __all__ = ["CoordinatorClient", "NegotiationStream", "StoreKeyError"]
 log = logging.getLogger("hora.client")
 
 
+
+
+def _tls_hint(settings: Settings) -> str:
+    if settings.tls_ca:
+        return ("The channel uses TLS (HORA_TLS_CA): the coordinator must serve TLS with a "
+                "certificate that CA signed for this address.")
+    return ("The channel is plaintext: a coordinator serving TLS needs its CA in HORA_TLS_CA "
+            "(horarun --tls-ca FILE).")
 
 
 # One identity per process: an elastic worker that re-joins after a reset is
@@ -104,8 +113,9 @@ class CoordinatorClient:
         self.job_id = settings.job_id
         self.worker_id = PROCESS_WORKER_ID
         self._metadata = ((TOKEN_METADATA_KEY, settings.token),)
-        self._channel = grpc.insecure_channel(
+        self._channel = coordinator_channel(
             settings.coordinator,
+            settings.tls_ca,
             options=[
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -153,7 +163,7 @@ class CoordinatorClient:
             raise CoordinatorUnavailableError(
                 f"coordinator {self.settings.coordinator} could not be reached within "
                 f"{timeout.total_seconds():g} s (HORA_CONNECT_TIMEOUT); is it running, and is "
-                f"the address right?") from None
+                f"the address right? {_tls_hint(self.settings)}") from None
 
     def join(self) -> rendezvous_pb2.WorldView:
         """Joins the job and returns this worker's world view.

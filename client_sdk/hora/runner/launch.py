@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from .hosts import (
 from .output import WorkerOutput
 from .remote import RemoteShell, UnreachableHostError
 from .supervisor import Supervisor
+from .tls import JobCertificates, make_job_certificates
 
 __all__ = ["horovodrun_main", "main", "resolve_hosts"]
 
@@ -192,8 +194,11 @@ def _elastic_hosts(config: LaunchConfig,
     return lambda: hosts
 
 
-def _start_coordinator(config: LaunchConfig, bind_host: str) -> Any:
-    return start_embedded_coordinator(bind_host, config.token, config.coordinator_http_port)
+def _start_coordinator(config: LaunchConfig, bind_host: str,
+                       certificates: JobCertificates | None) -> Any:
+    files = None if certificates is None else (certificates.cert_file, certificates.key_file)
+    return start_embedded_coordinator(bind_host, config.token, config.coordinator_http_port,
+                                      files)
 
 
 def _compat_env(base: dict[str, str]) -> dict[str, str]:
@@ -217,13 +222,20 @@ def _compat_env(base: dict[str, str]) -> dict[str, str]:
 
 def _base_env(config: LaunchConfig) -> dict[str, str]:
     base = {**os.environ, **config.worker_env}
+    # Workers get the job's CA (or none) from the launcher only: an inherited one
+    # would make them try TLS against a plaintext coordinator.
+    base.pop("HORA_TLS_CA", None)
     if config.horovod_compat:
         base = _compat_env(base)
     return base
 
 
+def _tls_settings(tls_ca: str) -> dict[str, Any]:
+    return {"tls_ca": tls_ca} if tls_ca else {}
+
+
 def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str,
-           network: _Network) -> list[WorkerSpec]:
+           network: _Network, tls_ca: str) -> list[WorkerSpec]:
     base = _base_env(config)
     return [
         WorkerSpec(
@@ -236,7 +248,8 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str,
                 job_id=config.job_id,
                 token=config.token,
                 worker_settings={**config.worker_settings,
-                                 **network.worker_settings(slot.hostname)},
+                                 **network.worker_settings(slot.hostname),
+                                 **_tls_settings(tls_ca)},
             ),
         )
         for slot in slots
@@ -245,7 +258,7 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str,
 
 def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
                  find_hosts: Callable[[], list[HostSlots]], coordinator: str,
-                 network: _Network) -> int:
+                 network: _Network, tls_ca: str) -> int:
     # Here, not at module level: a static job never needs gRPC in this process.
     from .events import EventReporter
 
@@ -258,7 +271,8 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
             coordinator=coordinator,
             job_id=config.job_id,
             token=config.token,
-            worker_settings={**config.worker_settings, **network.worker_settings(host)},
+            worker_settings={**config.worker_settings, **network.worker_settings(host),
+                             **_tls_settings(tls_ca)},
         )
 
     output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir,
@@ -271,7 +285,8 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
         cooldown_range=elastic.cooldown_range,
     ))
     poller = HostPoller(find_hosts, say=output.say)
-    reporter = EventReporter(coordinator, config.job_id, config.token, say=output.say)
+    reporter = EventReporter(coordinator, config.job_id, config.token, tls_ca=tls_ca,
+                             say=output.say)
     try:
         same_clock = is_local_host(parse_address(coordinator)[0])
         return ElasticDriver(planner, poller, make_env, config.command, output=output,
@@ -280,6 +295,14 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
     finally:
         # Before the embedded coordinator stops, so the last events land.
         reporter.close()
+
+
+def _startup_line(config: LaunchConfig, network: _Network, address: str,
+                  http_port: int) -> str:
+    """What ``horarun`` says about the coordinator it embeds."""
+    scheme = "https" if config.tls else "http"
+    return (f"coordinator gRPC {address}{' (TLS)' if config.tls else ''}, "
+            f"HTTP {scheme}://{network.host}:{http_port}, job {config.job_id}")
 
 
 def horovodrun_main(argv: Sequence[str] | None = None) -> int:
@@ -337,7 +360,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
                  f"{slot.local_size}, cross {slot.cross_rank}/{slot.cross_size})")
 
     coordinator = None
+    certificates: JobCertificates | None = None
     address = config.coordinator
+    tls_ca = config.tls_ca
     try:
         if network.remote is not None:
             try:
@@ -347,21 +372,23 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
                 return UNREACHABLE_HOST
         if address is None:
             try:
-                coordinator = _start_coordinator(config, network.host)
+                if config.tls:
+                    certificates = make_job_certificates([network.host])
+                    tls_ca = certificates.ca_pem.decode("ascii")
+                coordinator = _start_coordinator(config, network.host, certificates)
             except Exception as exc:  # any failure here means "cannot embed"
                 _err(f"error: cannot start the embedded coordinator: "
                      f"{type(exc).__name__}: {exc}; start one with hora-coordinator "
                      f"and pass --coordinator HOST:PORT")
                 return COORDINATOR_ERROR
             address = coordinator.grpc_address
-            _err(f"coordinator gRPC {address}, HTTP http://{network.host}:"
-                 f"{coordinator.http_port}, job {config.job_id}")
+            _err(_startup_line(config, network, address, coordinator.http_port))
         # With --coordinator, workers may start before it is reachable; they
         # retry within their connect timeout, so no check is made here.
         try:
             if elastic is not None and find_hosts is not None:
-                return _run_elastic(config, elastic, find_hosts, address, network)
-            specs = _specs(config, slots, address, network)
+                return _run_elastic(config, elastic, find_hosts, address, network, tls_ca)
+            specs = _specs(config, slots, address, network, tls_ca)
         except _UsageError as exc:
             _err(f"error: {exc}")
             return USAGE_ERROR
@@ -374,6 +401,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
     finally:
         if coordinator is not None:
             coordinator.stop()
+        if certificates is not None:
+            shutil.rmtree(certificates.directory, ignore_errors=True)
         # Every worker has exited: shared segments a killed one left behind.
         removed = remove_leftovers(config.job_id)
         if removed and config.verbose:
