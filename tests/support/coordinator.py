@@ -31,6 +31,9 @@ class CoordinatorProcess:
         env: Extra environment variables for the process.
         startup_timeout: Seconds to wait for the ready file.
         host: Address to bind.
+        command_prefix: Run the coordinator under this command, e.g.
+            ``["ip", "netns", "exec", NAME]`` (it must exec the coordinator, so
+            that signals reach it).
 
     Attributes:
         token: The job token.
@@ -45,8 +48,10 @@ class CoordinatorProcess:
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 20.0,
         host: str = "127.0.0.1",
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self.extra_args = list(extra_args)
+        self.command_prefix = list(command_prefix)
         self.token = token if token is not None else secrets.token_hex(8)
         self.host = host
         self.startup_timeout = startup_timeout
@@ -82,6 +87,7 @@ class CoordinatorProcess:
                 carries its log.
         """
         cmd = [
+            *self.command_prefix,
             sys.executable,
             "-m",
             "hora_coordinator",

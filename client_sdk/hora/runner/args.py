@@ -71,6 +71,8 @@ class LaunchConfig:
         coordinator_http_port: HTTP port of the embedded coordinator (0: ephemeral).
         job_id: job the workers join.
         token: job token.
+        token_made_up: whether ``token`` is a random one of this launcher's (no
+            ``--token`` nor ``$HORA_TOKEN``).
         tls: embed a coordinator serving TLS, with a CA made for this job (``--tls``).
         tls_ca: the PEM text of the CA bundle that verifies the ``--coordinator``'s
             certificate (``--tls-ca``), or empty for plaintext.
@@ -103,6 +105,7 @@ class LaunchConfig:
     coordinator_http_port: int = 0
     job_id: str = ""
     token: str = ""
+    token_made_up: bool = False
     tls: bool = False
     tls_ca: str = ""
     worker_settings: Mapping[str, Any] = field(default_factory=dict)
@@ -227,6 +230,7 @@ def parse_args(argv: Sequence[str] | None = None,
         coordinator_http_port=ns.coordinator_http_port,
         job_id=job_id,
         token=token,
+        token_made_up=not (ns.token or env.get("HORA_TOKEN")),
         tls=ns.tls,
         tls_ca=tls_ca,
         worker_settings=settings,

@@ -299,10 +299,20 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
 
 def _startup_line(config: LaunchConfig, network: _Network, address: str,
                   http_port: int) -> str:
-    """What ``horarun`` says about the coordinator it embeds."""
+    """What ``horarun`` says about the coordinator it embeds.
+
+    Off loopback the REST API wants the job token; when ``horarun`` made the
+    token up, nobody else knows it, so the line shows it as Jupyter does.
+    """
     scheme = "https" if config.tls else "http"
-    return (f"coordinator gRPC {address}{' (TLS)' if config.tls else ''}, "
+    line = (f"coordinator gRPC {address}{' (TLS)' if config.tls else ''}, "
             f"HTTP {scheme}://{network.host}:{http_port}, job {config.job_id}")
+    if is_loopback_host(network.host):
+        return line
+    if config.token_made_up:
+        return (f"{line}; the HTTP API wants the job token: "
+                f"{scheme}://{network.host}:{http_port}/api/v1/jobs?token={config.token}")
+    return f"{line}; the HTTP API wants the job token (Authorization: Bearer TOKEN)"
 
 
 def horovodrun_main(argv: Sequence[str] | None = None) -> int:
