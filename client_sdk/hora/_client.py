@@ -49,6 +49,14 @@ log = logging.getLogger("hora.client")
 
 
 
+# Where a worker's token comes from, for the error that refuses it.
+_TOKEN_HINT = (
+    "A worker sends the token in HORA_TOKEN: horarun passes its --token, else $HORA_TOKEN, "
+    "else a random one that only its own embedded coordinator knows. It must equal the "
+    "coordinator's: the --token or $HORA_TOKEN it was started with, the token it printed at "
+    "start when it made one up, or the contents of its --token-file")
+
+
 def _tls_hint(settings: Settings) -> str:
     if settings.tls_ca:
         return ("The channel uses TLS (HORA_TLS_CA): the coordinator must serve TLS with a "
@@ -134,7 +142,10 @@ class CoordinatorClient:
         detail = exc.details() if hasattr(exc, "details") else str(exc)
         where = f"coordinator {self.settings.coordinator}"
         if code == grpc.StatusCode.UNAUTHENTICATED:
-            return AuthenticationError(f"{where} refused the job token during {what}: {detail}")
+            sent = ("no token was sent (HORA_TOKEN is unset or empty)" if not self.settings.token
+                    else "the token sent is not the coordinator's")
+            return AuthenticationError(
+                f"{where} refused the job token during {what} ({detail}): {sent}. {_TOKEN_HINT}")
         if code == grpc.StatusCode.UNAVAILABLE:
             return CoordinatorUnavailableError(f"{where} is unreachable during {what}: {detail}")
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -1,8 +1,9 @@
 """Coordinator settings: the one place its configuration is read.
 
 Flags win over the environment; the environment is read once, here. The
-token comes from ``--token`` or ``HORA_TOKEN``; when neither is given a random
-one is generated at start (:meth:`CoordinatorSettings.with_token`).
+token comes from ``--token`` or ``HORA_TOKEN``; when neither is given it is
+read from ``--token-file`` if that exists, else a random one is generated at
+start (:mod:`.tokens`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class CoordinatorSettings:
         grpc_port: gRPC port; 0 picks a free one.
         http_port: HTTP port; 0 picks a free one.
         token: Job token every gRPC call must carry; empty means "generate one".
+            Off loopback the REST API wants it too (:mod:`.rest_auth`).
         tls_cert: PEM certificate (chain) both servers present; with ``tls_key``
             they serve TLS, without both plaintext.
         tls_key: PEM private key of ``tls_cert``.
@@ -119,10 +121,14 @@ class CommandLine:
     Attributes:
         settings: The coordinator's settings.
         ready_file: Where to write the ready JSON once serving, if anywhere.
+        token_file: Where the token is kept (mode 0600), if anywhere: read at
+            start when no token is given and it exists, else written
+            (:func:`.tokens.resolve_token`).
     """
 
     settings: CoordinatorSettings
     ready_file: Path | None
+    token_file: Path | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,7 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grpc-port", type=int, default=0, help="gRPC port, 0 for a free one")
     parser.add_argument("--http-port", type=int, default=0, help="HTTP port, 0 for a free one")
     parser.add_argument(
-        "--token", default=None, help="job token (default: $HORA_TOKEN, else a random one)"
+        "--token",
+        default=None,
+        help="job token (default: $HORA_TOKEN, else read from --token-file, else a random "
+        "one, printed with how to connect)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help="keep the token in this file (mode 0600): read when it exists and no token is "
+        "given, so a restart keeps the token; written otherwise",
     )
     parser.add_argument(
         "--tls-cert",
@@ -222,4 +238,4 @@ def parse_command_line(
         )
     except ValueError as exc:
         parser.error(str(exc))
-    return CommandLine(settings=settings, ready_file=args.ready_file)
+    return CommandLine(settings=settings, ready_file=args.ready_file, token_file=args.token_file)

@@ -27,7 +27,8 @@ class CoordinatorProcess:
 
     Args:
         extra_args: More flags, e.g. ``["--lease-s", "1"]``.
-        token: Job token; a random one when None.
+        token: Job token; a random one when None; "" passes no ``--token`` (nor
+            ``HORA_TOKEN``), so the coordinator makes one up (read from its ready file).
         env: Extra environment variables for the process.
         startup_timeout: Seconds to wait for the ready file.
         host: Address to bind.
@@ -99,11 +100,11 @@ class CoordinatorProcess:
             "0",
             "--ready-file",
             str(self.ready_file),
-            "--token",
-            self.token,
+            *(["--token", self.token] if self.token else []),
             *self.extra_args,
         ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self._env}
+        inherited = {k: v for k, v in os.environ.items() if self.token or k != "HORA_TOKEN"}
+        env = {**inherited, "PYTHONUNBUFFERED": "1", **self._env}
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout
@@ -125,6 +126,7 @@ class CoordinatorProcess:
             ready["http_port"],
             ready["pid"],
         )
+        self.token = ready["token"]
         return self
 
     def log(self) -> str:

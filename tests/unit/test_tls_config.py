@@ -62,7 +62,7 @@ def test_workers_read_the_ca_from_hora_tls_ca():
     assert Settings.from_env({"HORA_TLS_CA": "/etc/ca.pem"}).tls_ca == "/etc/ca.pem"
 
 
-def test_coordinator_tls_flags(capsys):
+def test_coordinator_tls_flags(tmp_path, capsys):
     parsed = parse_command_line(["--tls-cert", "c.pem", "--tls-key", "k.pem"], {})
     assert parsed.settings.tls_cert == Path("c.pem") and parsed.settings.tls_key == Path("k.pem")
     assert parse_command_line([], {}).settings.tls_cert is None
@@ -71,6 +71,8 @@ def test_coordinator_tls_flags(capsys):
             parse_command_line(argv, {})
         assert exc.value.code == 2
         assert "--tls-cert and --tls-key go together" in capsys.readouterr().err
+    token_file = parse_command_line(["--token-file", str(tmp_path / "t")], {}).token_file
+    assert token_file == tmp_path / "t"
 
 
 def test_horarun_tls_flags(tmp_path, capsys):
