@@ -17,6 +17,7 @@ for _path in (_TESTS, _TESTS / "support"):
         sys.path.insert(0, str(_path))
 
 from support.coordinator import CoordinatorProcess  # noqa: E402
+from support.netns import NetnsUnavailable, NetworkNamespace  # noqa: E402
 
 
 @pytest.fixture
@@ -44,3 +45,17 @@ def coordinator_factory() -> Iterator[Callable[..., CoordinatorProcess]]:
 def coordinator(coordinator_factory) -> CoordinatorProcess:
     """A running coordinator process with a 2 s lease."""
     return coordinator_factory("--lease-s", "2")
+
+
+@pytest.fixture
+def netns() -> Iterator[NetworkNamespace]:
+    """A network namespace with a non-loopback address of its own (skips when none
+    can be made: not root, no ``ip``). See :mod:`support.netns`."""
+    namespace = NetworkNamespace()
+    try:
+        namespace.create()
+    except NetnsUnavailable as exc:
+        namespace.delete()
+        pytest.skip(f"no network namespace: {exc}")
+    yield namespace
+    namespace.delete()

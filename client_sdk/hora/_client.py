@@ -29,6 +29,7 @@ from hora_proto.v1 import (
     store_pb2_grpc,
 )
 
+from ._tls import coordinator_channel
 from .errors import (
     AuthenticationError,
     CoordinatorError,
@@ -46,6 +47,22 @@ __all__ = ["CoordinatorClient", "NegotiationStream", "StoreKeyError"]
 log = logging.getLogger("hora.client")
 
 
+
+
+# Where a worker's token comes from, for the error that refuses it.
+_TOKEN_HINT = (
+    "A worker sends the token in HORA_TOKEN: horarun passes its --token, else $HORA_TOKEN, "
+    "else a random one that only its own embedded coordinator knows. It must equal the "
+    "coordinator's: the --token or $HORA_TOKEN it was started with, the token it printed at "
+    "start when it made one up, or the contents of its --token-file")
+
+
+def _tls_hint(settings: Settings) -> str:
+    if settings.tls_ca:
+        return ("The channel uses TLS (HORA_TLS_CA): the coordinator must serve TLS with a "
+                "certificate that CA signed for this address.")
+    return ("The channel is plaintext: a coordinator serving TLS needs its CA in HORA_TLS_CA "
+            "(horarun --tls-ca FILE).")
 
 
 # One identity per process: an elastic worker that re-joins after a reset is
@@ -111,8 +128,9 @@ class CoordinatorClient:
         self.job_id = settings.job_id
         self.worker_id = PROCESS_WORKER_ID
         self._metadata = ((TOKEN_METADATA_KEY, settings.token),)
-        self._channel = grpc.insecure_channel(
+        self._channel = coordinator_channel(
             settings.coordinator,
+            settings.tls_ca,
             options=[
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -141,7 +159,10 @@ class CoordinatorClient:
         detail = exc.details() if hasattr(exc, "details") else str(exc)
         where = f"coordinator {self.settings.coordinator}"
         if code == grpc.StatusCode.UNAUTHENTICATED:
-            return AuthenticationError(f"{where} refused the job token during {what}: {detail}")
+            sent = ("no token was sent (HORA_TOKEN is unset or empty)" if not self.settings.token
+                    else "the token sent is not the coordinator's")
+            return AuthenticationError(
+                f"{where} refused the job token during {what} ({detail}): {sent}. {_TOKEN_HINT}")
         if code == grpc.StatusCode.UNAVAILABLE:
             return CoordinatorUnavailableError(f"{where} is unreachable during {what}: {detail}")
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -224,7 +245,7 @@ class CoordinatorClient:
             raise CoordinatorUnavailableError(
                 f"coordinator {self.settings.coordinator} could not be reached within "
                 f"{timeout.total_seconds():g} s (HORA_CONNECT_TIMEOUT); is it running, and is "
-                f"the address right?") from None
+                f"the address right? {_tls_hint(self.settings)}") from None
 
     def _join_request(self) -> rendezvous_pb2.JoinRequest:
         s = self.settings

@@ -108,6 +108,9 @@ ENV_VARS: tuple[_Var, ...] = (
     _Var("coordinator", ("HORA_COORDINATOR",), str, "coordinator gRPC address HOST:PORT"),
     _Var("job_id", ("HORA_JOB_ID",), str, "job the worker joins"),
     _Var("token", ("HORA_TOKEN",), str, "job token sent with every gRPC call"),
+    _Var("tls_ca", ("HORA_TLS_CA",), str,
+         "CA bundle (PEM) that verifies the coordinator's TLS certificate, as a file path or "
+         "the PEM text itself; unset: plaintext"),
     _Var("size", ("HORA_SIZE", "HOROVOD_SIZE"), int, "world size the launcher started"),
     _Var("rank", ("HORA_RANK", "HOROVOD_RANK"), int, "rank the launcher assigned"),
     _Var("hostname", ("HORA_HOSTNAME", "HOROVOD_HOSTNAME"), str, "host name for local ranks"),
@@ -177,6 +180,8 @@ class Settings:
     coordinator: str = ""
     job_id: str = "default"
     token: str = ""
+    # Empty: a plaintext channel to the coordinator (see hora._tls).
+    tls_ca: str = ""
     size: int = 1
     rank: int = -1
     hostname: str = dataclasses.field(default_factory=socket.gethostname)

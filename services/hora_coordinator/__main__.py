@@ -1,7 +1,10 @@
 """``hora-coordinator``: run the coordinator as its own process.
 
-Exit status: 0 after SIGTERM/SIGINT, 1 when it cannot start (a port in use),
-2 for bad flags (argparse's usage error).
+Exit status: 0 after SIGTERM/SIGINT, 1 when it cannot start (a port in use,
+an unusable TLS or token file), 2 for bad flags (argparse's usage error).
+
+A token it made up is printed on stderr once serving, with how to connect
+(:func:`.tokens.connect_help`); a given one never is.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from .server import ServingInfo, serve
 from .settings import parse_command_line
+from .tokens import TokenFileError, TokenSource, connect_help, resolve_token
 
 __all__ = ["main", "write_ready_file"]
 
@@ -51,12 +55,19 @@ def write_ready_file(path: Path, info: ServingInfo) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the coordinator until SIGTERM or SIGINT; the exit status."""
     command = parse_command_line(argv)
-    settings = command.settings
     logging.basicConfig(
-        level=settings.log_level,
+        level=command.settings.log_level,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        resolved = resolve_token(command.settings, command.token_file)
+    except TokenFileError as exc:
+        logger.error("hora-coordinator: %s", exc)
+        return 1
+    settings = resolved.settings
+    if resolved.source is TokenSource.FILE:
+        logger.info("hora-coordinator: job token read from --token-file %s", command.token_file)
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -65,6 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
 
         def ready(info: ServingInfo) -> None:
+            if resolved.source is TokenSource.MADE_UP:
+                help_text = connect_help(
+                    info.host,
+                    info.grpc_port,
+                    info.http_port,
+                    info.token,
+                    info.tls,
+                    command.token_file,
+                )
+                print(help_text, file=sys.stderr, flush=True)
             if command.ready_file is not None:
                 write_ready_file(command.ready_file, info)
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from . import metrics, state
 from .coordinator import Coordinator
+from .rest_auth import TokenGuard, is_loopback
 
 __all__ = ["EventView", "JobDetail", "JobSummary", "MemberView", "create_app"]
 
@@ -213,8 +214,12 @@ async def list_events(job_id: str, coordinator: CoordinatorDep) -> list[EventVie
 
 
 def create_app(coordinator: Coordinator) -> FastAPI:
-    """The HTTP app serving ``coordinator``'s state."""
+    """The HTTP app serving ``coordinator``'s state; off loopback it wants the
+    job token on every path but the health probes (:mod:`.rest_auth`)."""
     app = FastAPI(title="hora coordinator", version="1")
+    settings = coordinator.settings
+    if not is_loopback(settings.host):
+        app.add_middleware(TokenGuard, token=settings.token, secure_cookie=settings.tls)
     app.state.coordinator = coordinator
     app.state.metrics_registry = metrics.create_registry(coordinator)
     app.include_router(health_router)

@@ -28,6 +28,7 @@ from .http import create_app
 from .journal import open_journal
 from .servicer import add_servicers
 from .settings import CoordinatorSettings
+from .tls import load_server_tls
 
 __all__ = ["EmbeddedCoordinator", "ServingInfo", "create_grpc_server", "format_address", "serve"]
 
@@ -46,6 +47,7 @@ class ServingInfo:
         http_port: Bound HTTP port.
         token: The job token calls must carry.
         pid: The serving process.
+        tls: Whether both servers serve TLS.
     """
 
     host: str
@@ -53,6 +55,7 @@ class ServingInfo:
     http_port: int
     token: str
     pid: int
+    tls: bool = False
 
     @property
     def grpc_address(self) -> str:
@@ -61,8 +64,9 @@ class ServingInfo:
 
     @property
     def http_url(self) -> str:
-        """``http://HOST:PORT`` of the HTTP API."""
-        return f"http://{format_address(self.host, self.http_port)}"
+        """``http://HOST:PORT`` of the HTTP API (``https://`` with TLS)."""
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{format_address(self.host, self.http_port)}"
 
 
 def format_address(host: str, port: int) -> str:
@@ -70,8 +74,14 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def create_grpc_server(coordinator: Coordinator, address: str) -> tuple[grpc.aio.Server, int]:
+def create_grpc_server(
+    coordinator: Coordinator,
+    address: str,
+    credentials: grpc.ServerCredentials | None = None,
+) -> tuple[grpc.aio.Server, int]:
     """A gRPC server for ``coordinator`` bound to ``address`` (port 0: a free one).
+
+    With ``credentials`` the port serves TLS only; plaintext otherwise.
 
     Returns:
         The server (not started) and its bound port.
@@ -90,7 +100,10 @@ def create_grpc_server(coordinator: Coordinator, address: str) -> tuple[grpc.aio
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.health_servicer = health_servicer
     try:
-        port = server.add_insecure_port(address)
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         raise RuntimeError(f"cannot bind gRPC to {address} (in use?): {exc}") from exc
     return server, port
@@ -125,14 +138,18 @@ async def serve(
         stop: Set it to shut down cleanly.
 
     Raises:
-        RuntimeError: a port cannot be bound or the HTTP server did not start.
+        RuntimeError: a port cannot be bound, the TLS files are unusable
+            (:class:`~.tls.TLSConfigError`) or the HTTP server did not start.
     """
     settings = settings.with_token()
+    tls = load_server_tls(settings)
     stop = stop or asyncio.Event()
     journal = open_journal(settings.state_dir)
     coordinator = Coordinator(settings, journal=journal)
     grpc_server, grpc_port = create_grpc_server(
-        coordinator, format_address(settings.host, settings.grpc_port)
+        coordinator,
+        format_address(settings.host, settings.grpc_port),
+        None if tls is None else tls.grpc_credentials(),
     )
     sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
     try:
@@ -151,6 +168,8 @@ async def serve(
             log_config=None,
             log_level="warning",
             access_log=False,
+            ssl_certfile=None if tls is None else tls.cert_file,
+            ssl_keyfile=None if tls is None else tls.key_file,
         )
     )
     await grpc_server.start()
@@ -164,7 +183,9 @@ async def serve(
         await _set_health(grpc_server, True)
         coordinator.serving = True
         checks = asyncio.create_task(coordinator.run_checks())
-        info = ServingInfo(settings.host, grpc_port, http_port, settings.token, os.getpid())
+        info = ServingInfo(
+            settings.host, grpc_port, http_port, settings.token, os.getpid(), tls is not None
+        )
         logger.info("hora-coordinator: gRPC on %s, HTTP on %s", info.grpc_address, info.http_url)
         if ready is not None:
             ready(info)

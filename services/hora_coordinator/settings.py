@@ -1,8 +1,9 @@
 """Coordinator settings: the one place its configuration is read.
 
 Flags win over the environment; the environment is read once, here. The
-token comes from ``--token`` or ``HORA_TOKEN``; when neither is given a random
-one is generated at start (:meth:`CoordinatorSettings.with_token`).
+token comes from ``--token`` or ``HORA_TOKEN``; when neither is given it is
+read from ``--token-file`` if that exists, else a random one is generated at
+start (:mod:`.tokens`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class CoordinatorSettings:
         grpc_port: gRPC port; 0 picks a free one.
         http_port: HTTP port; 0 picks a free one.
         token: Job token every gRPC call must carry; empty means "generate one".
+            Off loopback the REST API wants it too (:mod:`.rest_auth`).
+        tls_cert: PEM certificate (chain) both servers present; with ``tls_key``
+            they serve TLS, without both plaintext.
+        tls_key: PEM private key of ``tls_cert``.
         lease: How long a member stays alive without a heartbeat or stream message.
         stall_check_interval: Period of the background check for expired leases
             and stalled tensors.
@@ -64,6 +69,8 @@ class CoordinatorSettings:
     grpc_port: int = 0
     http_port: int = 0
     token: str = ""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     lease: timedelta = timedelta(seconds=10)
     stall_check_interval: timedelta = timedelta(seconds=1)
     job_retention: timedelta = timedelta(hours=1)
@@ -90,10 +97,19 @@ class CoordinatorSettings:
         for name in _LIMITS:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError(
+                "--tls-cert and --tls-key go together: give both, or neither for plaintext"
+            )
         if self.log_level.upper() not in _LOG_LEVELS:
             raise ValueError(
                 f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}"
             )
+
+    @property
+    def tls(self) -> bool:
+        """Whether both servers serve TLS."""
+        return self.tls_cert is not None
 
     def with_token(self) -> CoordinatorSettings:
         """These settings, with a fresh random token when none was given."""
@@ -109,10 +125,14 @@ class CommandLine:
     Attributes:
         settings: The coordinator's settings.
         ready_file: Where to write the ready JSON once serving, if anywhere.
+        token_file: Where the token is kept (mode 0600), if anywhere: read at
+            start when no token is given and it exists, else written
+            (:func:`.tokens.resolve_token`).
     """
 
     settings: CoordinatorSettings
     ready_file: Path | None
+    token_file: Path | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,8 +145,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grpc-port", type=int, default=0, help="gRPC port, 0 for a free one")
     parser.add_argument("--http-port", type=int, default=0, help="HTTP port, 0 for a free one")
     parser.add_argument(
-        "--token", default=None, help="job token (default: $HORA_TOKEN, else a random one)"
+        "--token",
+        default=None,
+        help="job token (default: $HORA_TOKEN, else read from --token-file, else a random "
+        "one, printed with how to connect)",
     )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help="keep the token in this file (mode 0600): read when it exists and no token is "
+        "given, so a restart keeps the token; written otherwise",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        help="serve gRPC and HTTP over TLS with this PEM certificate (chain); needs --tls-key",
+    )
+    parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     parser.add_argument(
         "--lease-s",
         type=float,
@@ -202,6 +239,8 @@ def parse_command_line(
             grpc_port=args.grpc_port,
             http_port=args.http_port,
             token=args.token if args.token is not None else env.get("HORA_TOKEN", ""),
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
             lease=timedelta(seconds=args.lease_s),
             stall_check_interval=timedelta(seconds=args.stall_check_interval_s),
             job_retention=timedelta(seconds=args.job_retention_s),
@@ -213,4 +252,4 @@ def parse_command_line(
         )
     except ValueError as exc:
         parser.error(str(exc))
-    return CommandLine(settings=settings, ready_file=args.ready_file)
+    return CommandLine(settings=settings, ready_file=args.ready_file, token_file=args.token_file)

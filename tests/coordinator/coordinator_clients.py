@@ -58,10 +58,16 @@ def together(*calls: Callable[[], Any], timeout: float = 30.0) -> list[Any]:
 
 
 class Client:
-    """Stubs on one channel to a coordinator, sending its token."""
+    """Stubs on one channel to a coordinator, sending its token (over TLS with ``credentials``)."""
 
-    def __init__(self, address: str, token: str | None) -> None:
-        self.channel = grpc.insecure_channel(address)
+    def __init__(
+        self, address: str, token: str | None, credentials: grpc.ChannelCredentials | None = None
+    ) -> None:
+        self.channel = (
+            grpc.insecure_channel(address)
+            if credentials is None
+            else grpc.secure_channel(address, credentials)
+        )
         self.metadata = (("hora-token", token),) if token is not None else ()
         self.rendezvous = rendezvous_pb2_grpc.RendezvousStub(self.channel)
         self.store = store_pb2_grpc.StoreStub(self.channel)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -240,3 +241,39 @@ def test_an_elastic_job_on_loopback_ignores_other_machines_and_says_why(tmp_path
     assert "discovered host node-z is not this machine" in stderr
     assert "pass --network-interface" in stderr
     assert not (tmp_path / "ssh.log").exists()
+
+
+TLS_TRAIN = """
+import json, os, torch
+import hora.torch as hvd
+
+hvd.init()
+total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)
+print(json.dumps({"rank": hvd.rank(), "sum": total.item(),
+                  "ca": os.environ["HORA_TLS_CA"].startswith("-----BEGIN CERTIFICATE-----")}))
+hvd.shutdown()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_tls_job_across_machines_needs_no_setup(tmp_path: Path, netns) -> None:
+    # In a namespace of the test's own, the job listens on a non-loopback address
+    # (netns.address on its interface hora0), as a job across machines does.
+    script = tmp_path / "train.py"
+    script.write_text(TLS_TRAIN)
+    done = subprocess.run(
+        [*netns.prefix, *HORARUN, "--tls", "-np", "2", "-H", "node-a:1,node-b:1",
+         "--network-interface", "hora0", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=100, cwd=tmp_path, stdin=subprocess.DEVNULL,
+        env=_env(tmp_path))
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line.partition("<stdout>:")[2]) for line in done.stdout.splitlines()]
+    assert sorted((r["rank"], r["sum"], r["ca"]) for r in results) == [(0, 2.0, True),
+                                                                       (1, 2.0, True)]
+    # The CA travelled in the ssh connection's environment line; the coordinator
+    # serves TLS on the job's address, and its API wants the token horarun made up.
+    address = re.escape(netns.address)
+    assert re.search(rf"coordinator gRPC {address}:\d+ \(TLS\), HTTP https://{address}:\d+, "
+                     rf"job \S+; the HTTP API wants the job token: "
+                     rf"https://{address}:\d+/api/v1/jobs\?token=[0-9a-f]{{32}}",
+                     done.stderr), done.stderr

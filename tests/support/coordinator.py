@@ -27,10 +27,14 @@ class CoordinatorProcess:
 
     Args:
         extra_args: More flags, e.g. ``["--lease-s", "1"]``.
-        token: Job token; a random one when None.
+        token: Job token; a random one when None; "" passes no ``--token`` (nor
+            ``HORA_TOKEN``), so the coordinator makes one up (read from its ready file).
         env: Extra environment variables for the process.
         startup_timeout: Seconds to wait for the ready file.
         host: Address to bind.
+        command_prefix: Run the coordinator under this command, e.g.
+            ``["ip", "netns", "exec", NAME]`` (it must exec the coordinator, so
+            that signals reach it).
 
     Attributes:
         token: The job token.
@@ -45,8 +49,10 @@ class CoordinatorProcess:
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 20.0,
         host: str = "127.0.0.1",
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self.extra_args = list(extra_args)
+        self.command_prefix = list(command_prefix)
         self.token = token if token is not None else secrets.token_hex(8)
         self.host = host
         self.startup_timeout = startup_timeout
@@ -82,6 +88,7 @@ class CoordinatorProcess:
                 carries its log.
         """
         cmd = [
+            *self.command_prefix,
             sys.executable,
             "-m",
             "hora_coordinator",
@@ -93,11 +100,11 @@ class CoordinatorProcess:
             "0",
             "--ready-file",
             str(self.ready_file),
-            "--token",
-            self.token,
+            *(["--token", self.token] if self.token else []),
             *self.extra_args,
         ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self._env}
+        inherited = {k: v for k, v in os.environ.items() if self.token or k != "HORA_TOKEN"}
+        env = {**inherited, "PYTHONUNBUFFERED": "1", **self._env}
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout
@@ -119,6 +126,7 @@ class CoordinatorProcess:
             ready["http_port"],
             ready["pid"],
         )
+        self.token = ready["token"]
         return self
 
     def log(self) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from hora._tls import read_ca_bundle
 from hora.settings import MiB, Settings, SettingsError
 
 from .flags import build_parser, parse_address
@@ -70,6 +71,11 @@ class LaunchConfig:
         coordinator_http_port: HTTP port of the embedded coordinator (0: ephemeral).
         job_id: job the workers join.
         token: job token.
+        token_made_up: whether ``token`` is a random one of this launcher's (no
+            ``--token`` nor ``$HORA_TOKEN``).
+        tls: embed a coordinator serving TLS, with a CA made for this job (``--tls``).
+        tls_ca: the PEM text of the CA bundle that verifies the ``--coordinator``'s
+            certificate (``--tls-ca``), or empty for plaintext.
         worker_settings: :class:`hora.settings.Settings` fields given by flags,
             by field name; only these are passed on besides the per-rank ones.
         verbose: print the placement before starting.
@@ -99,6 +105,9 @@ class LaunchConfig:
     coordinator_http_port: int = 0
     job_id: str = ""
     token: str = ""
+    token_made_up: bool = False
+    tls: bool = False
+    tls_ca: str = ""
     worker_settings: Mapping[str, Any] = field(default_factory=dict)
     verbose: bool = False
     output_dir: str | None = None
@@ -210,6 +219,7 @@ def parse_args(argv: Sequence[str] | None = None,
         settings["stall_warning_time"] = timedelta(0)
         settings["stall_shutdown_time"] = timedelta(0)
     token = ns.token or env.get("HORA_TOKEN") or secrets.token_hex(16)
+    tls_ca = _tls_ca(parser, ns, env)
     job_id = ns.job_id or f"job-{uuid.uuid4().hex[:12]}"
     return LaunchConfig(
         num_proc=num_proc,
@@ -220,6 +230,9 @@ def parse_args(argv: Sequence[str] | None = None,
         coordinator_http_port=ns.coordinator_http_port,
         job_id=job_id,
         token=token,
+        token_made_up=not (ns.token or env.get("HORA_TOKEN")),
+        tls=ns.tls,
+        tls_ca=tls_ca,
         worker_settings=settings,
         verbose=ns.verbose,
         output_dir=ns.output_filename,
@@ -234,6 +247,35 @@ def parse_args(argv: Sequence[str] | None = None,
         worker_env={"NCCL_IB_DISABLE": "1"} if ns.tcp else {},
         notices=tuple(notices),
     )
+
+
+def _tls_ca(parser: argparse.ArgumentParser, ns: argparse.Namespace,
+            env: Mapping[str, str]) -> str:
+    """The PEM text of the ``--coordinator``'s CA bundle (``--tls-ca``, else
+    ``$HORA_TLS_CA``), or empty for plaintext; read here, so that workers on
+    other machines need no copy of the file.
+
+    Raises:
+        SystemExit: (via ``parser.error``) TLS flags that do not fit together,
+            or a bundle that cannot be read.
+    """
+    if ns.tls and ns.coordinator is not None:
+        parser.error("--tls makes certificates for the embedded coordinator; a running "
+                     "--coordinator that serves TLS needs --tls-ca FILE, the CA that signed "
+                     "its certificate")
+    if ns.tls_ca is not None and ns.coordinator is None:
+        parser.error("--tls-ca verifies a running coordinator (--coordinator HOST:PORT); "
+                     "for the embedded one, --tls makes the certificates")
+    if ns.coordinator is None:
+        return ""  # $HORA_TLS_CA is for a running coordinator only
+    source, value = ("--tls-ca", ns.tls_ca) if ns.tls_ca is not None else \
+        ("HORA_TLS_CA", env.get("HORA_TLS_CA", ""))
+    if not value:
+        return ""
+    try:
+        return read_ca_bundle(value).decode("ascii", errors="replace")
+    except ValueError as exc:
+        parser.error(f"{source}: {exc}")
 
 
 _ELASTIC_ONLY = (

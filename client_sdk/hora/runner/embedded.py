@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from hora_proto.v1 import negotiation_pb2
 
@@ -30,10 +31,16 @@ class RunningCoordinator(Protocol):
     def stop(self) -> None: ...
 
 
-def start_embedded_coordinator(host: str, token: str, http_port: int = 0
-                               ) -> RunningCoordinator:
+def start_embedded_coordinator(host: str, token: str, http_port: int = 0,
+                               tls: tuple[Path, Path] | None = None) -> RunningCoordinator:
     """Starts a coordinator serving gRPC on an ephemeral port of ``host``; blocks
     until it accepts connections.
+
+    Args:
+        host: Address to bind.
+        token: The job token.
+        http_port: HTTP port (0: ephemeral).
+        tls: The certificate and key files to serve TLS with; None for plaintext.
 
     Raises:
         RuntimeError: it failed to start.
@@ -43,8 +50,10 @@ def start_embedded_coordinator(host: str, token: str, http_port: int = 0
     from hora_coordinator.server import EmbeddedCoordinator
     from hora_coordinator.settings import CoordinatorSettings
 
+    # TLS fields only when asked: settings without them are the plaintext default.
+    files: dict[str, Any] = {} if tls is None else {"tls_cert": tls[0], "tls_key": tls[1]}
     coordinator = EmbeddedCoordinator(CoordinatorSettings(
-        host=host, grpc_port=0, http_port=http_port, token=token))
+        host=host, grpc_port=0, http_port=http_port, token=token, **files))
     coordinator.start()
     return coordinator
 

@@ -20,6 +20,8 @@ import grpc
 from hora_proto.auth import TOKEN_METADATA_KEY
 from hora_proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
+from .._tls import coordinator_channel
+
 __all__ = ["EVENT_DEADLINE", "EventReporter"]
 
 # Seconds one ReportEvent call may take.
@@ -35,11 +37,13 @@ class EventReporter:
         address: coordinator gRPC address ``HOST:PORT``.
         job_id: the job the events belong to.
         token: the job token (sent as ``hora-token`` metadata).
+        tls_ca: CA bundle (path or PEM text) for a coordinator serving TLS; empty
+            for plaintext.
         say: prints a launcher message; called from the reporter's thread.
         deadline: seconds each call may take.
     """
 
-    def __init__(self, address: str, job_id: str, token: str, *,
+    def __init__(self, address: str, job_id: str, token: str, *, tls_ca: str = "",
                  say: Callable[[str], None] = lambda message: None,
                  deadline: float = EVENT_DEADLINE) -> None:
         self._address = address
@@ -51,7 +55,7 @@ class EventReporter:
         self._warned = False
         # Channels are thread-safe: the sender thread and last_generation_ms
         # share this one.
-        self._channel = grpc.insecure_channel(address)
+        self._channel = coordinator_channel(address, tls_ca)
         self._stub: Any = rendezvous_pb2_grpc.RendezvousStub(self._channel)
         self._thread = threading.Thread(target=self._run, name="horarun-events", daemon=True)
         self._thread.start()

@@ -210,6 +210,13 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
     coord.add_argument("--job-id", metavar="ID", help="job id (default: a fresh unique id)")
     coord.add_argument("--token", metavar="TOKEN",
                        help="job token (default: $HORA_TOKEN, else random)")
+    coord.add_argument("--tls", action="store_true",
+                       help="encrypt the job's gRPC and HTTP: the embedded coordinator serves "
+                            "TLS with a certificate from a CA made for this job alone, and "
+                            "the workers get that CA")
+    coord.add_argument("--tls-ca", metavar="FILE",
+                       help="CA bundle (PEM) that signed the certificate of the --coordinator, "
+                            "which serves TLS; the workers get it too (default: $HORA_TLS_CA)")
 
     tuning = parser.add_argument_group("worker settings")
     tuning.add_argument("--fusion-threshold-mb", type=_non_negative_float, metavar="MB",

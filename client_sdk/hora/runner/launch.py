@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from .hosts import (
 from .output import WorkerOutput
 from .remote import RemoteShell, UnreachableHostError
 from .supervisor import Supervisor
+from .tls import JobCertificates, make_job_certificates
 from .watch import CoordinatorWatch
 
 __all__ = ["horovodrun_main", "main", "resolve_hosts"]
@@ -193,8 +195,11 @@ def _elastic_hosts(config: LaunchConfig,
     return lambda: hosts
 
 
-def _start_coordinator(config: LaunchConfig, bind_host: str) -> Any:
-    return start_embedded_coordinator(bind_host, config.token, config.coordinator_http_port)
+def _start_coordinator(config: LaunchConfig, bind_host: str,
+                       certificates: JobCertificates | None) -> Any:
+    files = None if certificates is None else (certificates.cert_file, certificates.key_file)
+    return start_embedded_coordinator(bind_host, config.token, config.coordinator_http_port,
+                                      files)
 
 
 def _compat_env(base: dict[str, str]) -> dict[str, str]:
@@ -218,13 +223,20 @@ def _compat_env(base: dict[str, str]) -> dict[str, str]:
 
 def _base_env(config: LaunchConfig) -> dict[str, str]:
     base = {**os.environ, **config.worker_env}
+    # Workers get the job's CA (or none) from the launcher only: an inherited one
+    # would make them try TLS against a plaintext coordinator.
+    base.pop("HORA_TLS_CA", None)
     if config.horovod_compat:
         base = _compat_env(base)
     return base
 
 
+def _tls_settings(tls_ca: str) -> dict[str, Any]:
+    return {"tls_ca": tls_ca} if tls_ca else {}
+
+
 def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str,
-           network: _Network) -> list[WorkerSpec]:
+           network: _Network, tls_ca: str) -> list[WorkerSpec]:
     base = _base_env(config)
     return [
         WorkerSpec(
@@ -237,7 +249,8 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str,
                 job_id=config.job_id,
                 token=config.token,
                 worker_settings={**config.worker_settings,
-                                 **network.worker_settings(slot.hostname)},
+                                 **network.worker_settings(slot.hostname),
+                                 **_tls_settings(tls_ca)},
             ),
         )
         for slot in slots
@@ -246,7 +259,7 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str,
 
 def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
                  find_hosts: Callable[[], list[HostSlots]], coordinator: str,
-                 network: _Network) -> int:
+                 network: _Network, tls_ca: str) -> int:
     # Here, not at module level: a static job never needs gRPC in this process.
     from .events import EventReporter
 
@@ -259,7 +272,8 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
             coordinator=coordinator,
             job_id=config.job_id,
             token=config.token,
-            worker_settings={**config.worker_settings, **network.worker_settings(host)},
+            worker_settings={**config.worker_settings, **network.worker_settings(host),
+                             **_tls_settings(tls_ca)},
         )
 
     output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir,
@@ -272,7 +286,8 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
         cooldown_range=elastic.cooldown_range,
     ))
     poller = HostPoller(find_hosts, say=output.say)
-    reporter = EventReporter(coordinator, config.job_id, config.token, say=output.say)
+    reporter = EventReporter(coordinator, config.job_id, config.token, tls_ca=tls_ca,
+                             say=output.say)
     try:
         same_clock = is_local_host(parse_address(coordinator)[0])
         return ElasticDriver(planner, poller, make_env, config.command, output=output,
@@ -281,6 +296,24 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
     finally:
         # Before the embedded coordinator stops, so the last events land.
         reporter.close()
+
+
+def _startup_line(config: LaunchConfig, network: _Network, address: str,
+                  http_port: int) -> str:
+    """What ``horarun`` says about the coordinator it embeds.
+
+    Off loopback the REST API wants the job token; when ``horarun`` made the
+    token up, nobody else knows it, so the line shows it as Jupyter does.
+    """
+    scheme = "https" if config.tls else "http"
+    line = (f"coordinator gRPC {address}{' (TLS)' if config.tls else ''}, "
+            f"HTTP {scheme}://{network.host}:{http_port}, job {config.job_id}")
+    if is_loopback_host(network.host):
+        return line
+    if config.token_made_up:
+        return (f"{line}; the HTTP API wants the job token: "
+                f"{scheme}://{network.host}:{http_port}/api/v1/jobs?token={config.token}")
+    return f"{line}; the HTTP API wants the job token (Authorization: Bearer TOKEN)"
 
 
 def horovodrun_main(argv: Sequence[str] | None = None) -> int:
@@ -339,7 +372,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
 
     coordinator = None
     watch: CoordinatorWatch | None = None
+    certificates: JobCertificates | None = None
     address = config.coordinator
+    tls_ca = config.tls_ca
     try:
         if network.remote is not None:
             try:
@@ -349,23 +384,25 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
                 return UNREACHABLE_HOST
         if address is None:
             try:
-                coordinator = _start_coordinator(config, network.host)
+                if config.tls:
+                    certificates = make_job_certificates([network.host])
+                    tls_ca = certificates.ca_pem.decode("ascii")
+                coordinator = _start_coordinator(config, network.host, certificates)
             except Exception as exc:  # any failure here means "cannot embed"
                 _err(f"error: cannot start the embedded coordinator: "
                      f"{type(exc).__name__}: {exc}; start one with hora-coordinator "
                      f"and pass --coordinator HOST:PORT")
                 return COORDINATOR_ERROR
             address = coordinator.grpc_address
-            _err(f"coordinator gRPC {address}, HTTP http://{network.host}:"
-                 f"{coordinator.http_port}, job {config.job_id}")
+            _err(_startup_line(config, network, address, coordinator.http_port))
         else:
             # Workers may start before it is reachable (they retry within their
             # connect timeout), so no check is made here; an outage later is reported.
-            watch = CoordinatorWatch(address, _err).start()
+            watch = CoordinatorWatch(address, _err, tls_ca).start()
         try:
             if elastic is not None and find_hosts is not None:
-                return _run_elastic(config, elastic, find_hosts, address, network)
-            specs = _specs(config, slots, address, network)
+                return _run_elastic(config, elastic, find_hosts, address, network, tls_ca)
+            specs = _specs(config, slots, address, network, tls_ca)
         except _UsageError as exc:
             _err(f"error: {exc}")
             return USAGE_ERROR
@@ -380,6 +417,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
             watch.stop()
         if coordinator is not None:
             coordinator.stop()
+        if certificates is not None:
+            shutil.rmtree(certificates.directory, ignore_errors=True)
         # Every worker has exited: shared segments a killed one left behind.
         removed = remove_leftovers(config.job_id)
         if removed and config.verbose:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from .._tls import coordinator_channel
+
 __all__ = ["CoordinatorWatch"]
 
 
@@ -23,15 +25,17 @@ class CoordinatorWatch:
     Args:
         address: the coordinator's gRPC ``HOST:PORT``.
         say: where the lines go (horarun's stderr).
+        tls_ca: CA bundle (path or PEM) of a TLS coordinator; empty for plaintext.
         interval: seconds between probes.
     """
 
-    def __init__(self, address: str, say: Callable[[str], None], interval: float = 1.0) -> None:
+    def __init__(self, address: str, say: Callable[[str], None], tls_ca: str = "",
+                 interval: float = 1.0) -> None:
         self._address = address
         self._say = say
         self._interval = interval
         self._stop = threading.Event()
-        self._channel = grpc.insecure_channel(address, options=[
+        self._channel = coordinator_channel(address, tls_ca, options=[
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
@@ -61,12 +65,12 @@ class CoordinatorWatch:
             why = self._probe()
             if not why:
                 if lost_at is not None:
-                    self._say(f"horarun: the coordinator {self._address} answers again after "
+                    self._say(f"the coordinator {self._address} answers again after "
                               f"{time.monotonic() - lost_at:.1f} s; the workers re-attach to it")
                 seen, lost_at = True, None
             elif seen and lost_at is None:
                 lost_at = time.monotonic()
-                self._say(f"horarun: lost the coordinator {self._address} ({why}); the workers "
+                self._say(f"lost the coordinator {self._address} ({why}); the workers "
                           f"train on and re-attach when it is back, for up to "
                           f"HORA_COORDINATOR_OUTAGE_TIMEOUT (60 s by default)")
 
