@@ -138,16 +138,22 @@ def restarted(first: CoordinatorProcess, extra: list[str]) -> CoordinatorProcess
         token=first.token)
 
 
-@pytest.mark.parametrize("journal", [True, False], ids=["state-dir", "no-state-dir"])
-def test_training_goes_on_through_a_coordinator_kill_and_restart(tmp_path, journal):
+@pytest.mark.parametrize("journal, how", [
+    (True, signal.SIGKILL), (False, signal.SIGKILL),
+    # A Kubernetes pod being replaced: SIGTERM, the streams end cleanly.
+    (True, signal.SIGTERM),
+], ids=["state-dir", "no-state-dir", "sigterm-state-dir"])
+def test_training_goes_on_through_a_coordinator_kill_and_restart(tmp_path, journal, how):
     extra = ["--state-dir", str(tmp_path / "state")] if journal else []
     steps = 400
     first = CoordinatorProcess(extra).start()
     second = None
     try:
-        proc = start_job(tmp_path, first, steps)
-        wait_steps(tmp_path / "out", 30, proc)
-        first.proc.send_signal(signal.SIGKILL)
+        # A new name (which needs the coordinator) at steps 99, 199, ...: the
+        # outage begins well before the first of them.
+        proc = start_job(tmp_path, first, steps, new_name_every=100)
+        wait_steps(tmp_path / "out", 20, proc)
+        first.proc.send_signal(how)
         first.proc.wait(10)
         killed_at = min(step_of(tmp_path / "out", r) for r in (0, 1))
         time.sleep(3)
