@@ -142,9 +142,10 @@ async def serve(
             f"cannot bind HTTP to {settings.host}:{settings.http_port}: {exc}"
         ) from exc
     http_port = sock.getsockname()[1]
+    app = create_app(coordinator)
     http = _UvicornServer(
         uvicorn.Config(
-            create_app(coordinator),
+            app,
             lifespan="off",
             log_config=None,
             log_level="warning",
@@ -177,6 +178,7 @@ async def serve(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(http_task, timeout=5.0)
         sock.close()
+        app.state.renderer.close()
         logger.info("hora-coordinator: stopped")
 
 
