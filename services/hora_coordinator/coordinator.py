@@ -28,11 +28,13 @@ from .errors import (
     SupersededError,
     UnknownError,
 )
-from .limits import check_join_limits, shown_id
+from .limits import check_join_limits, shown_id, split_long_tensor_names
 from .messages import (
     AddProcessSetRequest,
+    CoordinatorMessage,
     JoinRequest,
     RemoveProcessSetRequest,
+    ResponseList,
     TensorRequest,
 )
 from .negotiation import SetCallKind
@@ -118,7 +120,9 @@ class Coordinator:
                     f"job '{request.job_id}' cannot start until one is forgotten"
                 )
             # Held aside until the Join is accepted: a refused one leaves no job behind.
-            job = state.new_job(request.job_id, self.clock())
+            job = state.new_job(
+                request.job_id, self.clock(), self.settings.max_events_per_job
+            )
         key = (job.job_id, request.worker_id)
         previous = self._joins.pop(key, None)
         if previous is not None and not previous.done():
@@ -199,8 +203,16 @@ class Coordinator:
     def requests(
         self, job_id: str, worker_id: str, generation: int, requests: Sequence[TensorRequest]
     ) -> None:
-        """One RequestList arrived on a member's stream (the hot path)."""
+        """One RequestList arrived on a member's stream (the hot path).
+
+        A request whose name is too long fails alone, before the table sees it.
+        """
         job = self.jobs[job_id]
+        requests, refused = split_long_tensor_names(self.settings, requests)
+        if refused:
+            job.errors += len(refused)
+            message = CoordinatorMessage(responses=ResponseList(tuple(refused)))
+            self.apply(job, [state.Send((worker_id,), message)])
         self.apply(job, state.handle_requests(job, worker_id, generation, requests, self.clock()))
 
     async def add_process_set(self, request: AddProcessSetRequest) -> None:

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.registry import CollectorRegistry
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter
 
 from . import metrics, state
 from .coordinator import Coordinator
@@ -64,6 +64,10 @@ class JobSummary(BaseModel):
     max_size: int
     reset_count: int
     host_update_epoch: int
+    events_dropped: int = Field(
+        description="oldest events dropped from the job's log to keep it within "
+        "the coordinator's --max-events-per-job"
+    )
 
 
 class JobDetail(JobSummary):
@@ -207,6 +211,7 @@ def _summary_fields(job: state.Job) -> dict[str, Any]:
         "max_size": job.elastic.max_size if job.elastic is not None else 0,
         "reset_count": job.reset_count,
         "host_update_epoch": job.host_update_epoch,
+        "events_dropped": job.events_dropped,
     }
 
 

@@ -1,13 +1,20 @@
-"""The coordinator's size limits on a Join, checked before anything changes."""
+"""The coordinator's size limits on requests, checked before anything changes.
+
+The largest message (``max_message_bytes``) is gRPC's own limit, set where the
+server is made (:func:`~.server.create_grpc_server`): gRPC refuses a larger one
+with RESOURCE_EXHAUSTED before any handler runs.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .errors import InvalidRequestError, ResourceExhaustedError
-from .messages import JoinRequest
+from .messages import ErrorKind, JoinRequest, Response, ResponseType, TensorRequest
 from .settings import CoordinatorSettings
 from .state import Job
 
-__all__ = ["check_join_limits", "shown_id"]
+__all__ = ["check_join_limits", "shown_id", "split_long_tensor_names"]
 
 # Ids quoted in error messages are cut to this many characters.
 _SHOWN_ID_LENGTH = 64
@@ -46,3 +53,34 @@ def check_join_limits(limits: CoordinatorSettings, job: Job | None, request: Joi
             f"job '{request.job_id}' already has {len(rnd.joiners)} joiners, the limit "
             "(max_members_per_job)"
         )
+
+
+def split_long_tensor_names(
+    limits: CoordinatorSettings, requests: Sequence[TensorRequest]
+) -> tuple[Sequence[TensorRequest], list[Response]]:
+    """The requests whose names are within ``max_tensor_name_length``, and an
+    ERROR response (kind INVALID: that call fails, nothing else) for each other one.
+
+    On the hot path: a message without an over-long name costs one pass over
+    the names and comes back as it is.
+    """
+    limit = limits.max_tensor_name_length
+    if not any(len(r.name) > limit for r in requests):
+        return requests, []
+    kept: list[TensorRequest] = []
+    refused: list[Response] = []
+    for r in requests:
+        if len(r.name) <= limit:
+            kept.append(r)
+            continue
+        refused.append(Response(
+            type=ResponseType.ERROR,
+            tensor_names=(r.name,),
+            process_set_id=r.process_set_id,
+            error_message=(
+                f"tensor '{shown_id(r.name)}': a name of {len(r.name)} characters is longer "
+                f"than this coordinator's limit of {limit} (max_tensor_name_length)"
+            ),
+            error_kind=ErrorKind.INVALID,
+        ))
+    return kept, refused

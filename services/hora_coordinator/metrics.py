@@ -27,6 +27,8 @@ Exported series::
     hora_stream_outboxes{job_id}              outboxes held for members (one per open or
                                               not yet opened stream)
     hora_stream_queued_messages{job_id}       messages waiting in them, not yet sent
+    hora_job_events_dropped_total{job_id}     oldest events dropped from the job's bounded
+                                              log (--max-events-per-job) (counter)
 
 Every state label value is always present (0 when empty), so a series does
 not vanish when its last member or job moves on.
@@ -78,6 +80,7 @@ class JobSample:
     stream_messages: int
     outboxes: int
     queued: int
+    events_dropped: int
 
 
 class _Sampler:
@@ -101,6 +104,7 @@ class _Sampler:
             stream_messages=self._c.messages_queued.get(job.job_id, 0),
             outboxes=boxes,
             queued=waiting,
+            events_dropped=job.events_dropped,
         )
 
 
@@ -176,6 +180,11 @@ def families(samples: Iterable[JobSample]) -> Iterator[Metric]:
         "Messages waiting in the job's outboxes, not yet written to a stream.",
         labels=["job_id"],
     )
+    dropped = CounterMetricFamily(
+        "hora_job_events_dropped",
+        "Oldest events dropped from the job's event log to keep it within its bound.",
+        labels=["job_id"],
+    )
     by_phase = dict.fromkeys(state.JobPhase, 0)
     for job in samples:
         labels = [job.job_id]
@@ -188,12 +197,13 @@ def families(samples: Iterable[JobSample]) -> Iterator[Metric]:
         errors.add_metric(labels, job.errors)
         generation.add_metric(labels, job.generation)
         resets.add_metric(labels, job.reset_count)
+        dropped.add_metric(labels, job.events_dropped)
         for member_state, count in job.members:
             members.add_metric([job.job_id, member_state.value], count)
     for phase, count in by_phase.items():
         jobs.add_metric([phase.value], count)
     yield from (messages, tensors, errors, generation, resets, members, jobs)
-    yield from (sent, outboxes, queued)
+    yield from (sent, outboxes, queued, dropped)
 
 
 class CoordinatorCollector(Collector):

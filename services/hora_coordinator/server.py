@@ -82,7 +82,12 @@ def create_grpc_server(coordinator: Coordinator, address: str) -> tuple[grpc.aio
     refusals = RefusalLog(settings.refusal_log_interval.total_seconds(), logger)
     server = grpc.aio.server(
         interceptors=[TokenAuthInterceptor(settings.token, refusals)],
-        options=[("grpc.so_reuseport", 0)],
+        options=[
+            ("grpc.so_reuseport", 0),
+            # Deliberate, not gRPC's default by chance: a larger request is
+            # RESOURCE_EXHAUSTED before any handler runs (settings.max_message_bytes).
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ],
     )
     add_servicers(server, coordinator)
     health_servicer = health.aio.HealthServicer()

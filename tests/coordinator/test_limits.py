@@ -1,4 +1,4 @@
-"""Unit tests of the coordinator's Join size limits (pure, no servers)."""
+"""Unit tests of the coordinator's size limits (pure, no servers)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import dataclasses
 import pytest
 from coordinator_transitions import jreq
 
-from hora_coordinator import CoordinatorSettings
+from hora_coordinator import CoordinatorSettings, state
 from hora_coordinator.errors import InvalidRequestError
-from hora_coordinator.limits import check_join_limits
+from hora_coordinator.limits import check_join_limits, split_long_tensor_names
+from hora_coordinator.messages import ErrorKind, ResponseType
+from hora_coordinator.settings import parse_command_line
+from hora_proto.v1 import negotiation_pb2 as npb
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -27,3 +30,43 @@ def test_an_overlong_id_is_refused_naming_the_job_cut_to_64_characters():
     assert str(info.value) == (
         "worker_id of 101 characters is longer than the limit of 100 (job 'job')"
     )
+
+
+def test_a_tensor_name_at_the_limit_passes_and_a_longer_one_fails_alone():
+    settings = CoordinatorSettings(max_tensor_name_length=100)
+    fine = [npb.TensorRequest(name="a" * 100), npb.TensorRequest(name="b")]
+    kept, refused = split_long_tensor_names(settings, fine)
+    assert kept is fine and refused == []
+    long = npb.TensorRequest(name="x" * 101, process_set_id=3)
+    kept, refused = split_long_tensor_names(settings, [fine[0], long, fine[1]])
+    assert [r.name for r in kept] == ["a" * 100, "b"]
+    (error,) = refused
+    assert error.type is ResponseType.ERROR and error.error_kind is ErrorKind.INVALID
+    assert error.tensor_names == ("x" * 101,) and error.process_set_id == 3
+    assert error.error_message == (
+        f"tensor '{'x' * 64}…': a name of 101 characters is longer than this "
+        "coordinator's limit of 100 (max_tensor_name_length)"
+    )
+
+
+def test_the_event_log_keeps_the_newest_events_and_counts_the_dropped():
+    job = state.new_job("job", 0.0, max_events=3)
+    for i in range(5):
+        state.report_event(job, "tick", "", str(i), float(i))
+    assert [e.message for e in job.events] == ["2", "3", "4"]
+    assert job.events_dropped == 2
+
+
+def test_the_message_limit_leaves_room_for_a_compare_set_of_two_values():
+    settings = CoordinatorSettings()
+    assert settings.max_message_bytes == 4 * 1024 * 1024  # gRPC's default, now on purpose
+    with pytest.raises(ValueError, match="max_message_bytes 1000 is too small"):
+        CoordinatorSettings(max_message_bytes=1000)
+    CoordinatorSettings(max_message_bytes=2 * 16 + 8 + 4 * 16 + 64, max_store_value_bytes=16,
+                        max_store_key_bytes=8, max_id_length=16)
+    parsed = parse_command_line(
+        ["--max-message-bytes", "5000000", "--max-tensor-name-length", "7",
+         "--max-events-per-job", "9"], environ={}
+    ).settings
+    assert (parsed.max_message_bytes, parsed.max_tensor_name_length,
+            parsed.max_events_per_job) == (5_000_000, 7, 9)

@@ -24,11 +24,13 @@ __all__ = [
     "new_job",
     "new_joiner",
     "record",
+    "record_event",
     "round_config",
 ]
 
 
-#: Events a job keeps; older ones are dropped first.
+#: Events a job keeps by default (settings ``max_events_per_job``); older ones
+#: are dropped first.
 EVENT_LOG_LIMIT = 10_000
 #: How long an elastic round waits for min_size workers when the first joiner
 #: sent ``elastic_timeout_ms`` 0 (Horovod's default elastic timeout).
@@ -184,6 +186,8 @@ class Job:
     host_update_epoch: int = 0
     removals_only: bool = False
     events: deque[JobEvent] = field(default_factory=lambda: deque(maxlen=EVENT_LOG_LIMIT))
+    # Events the bounded log dropped (the oldest first) to keep its length.
+    events_dropped: int = 0
 
     @property
     def size(self) -> int:
@@ -201,9 +205,16 @@ class Job:
         )
 
 
-def new_job(job_id: str, now: float) -> Job:
-    """A job nobody has joined yet."""
-    return Job(job_id=job_id, created_at=now)
+def new_job(job_id: str, now: float, max_events: int = EVENT_LOG_LIMIT) -> Job:
+    """A job nobody has joined yet, whose log keeps the last ``max_events`` events."""
+    return Job(job_id=job_id, created_at=now, events=deque(maxlen=max_events))
+
+
+def record_event(job: Job, event: JobEvent) -> None:
+    """Appends ``event`` to the job's log; past its bound the oldest goes, and is counted."""
+    if len(job.events) == job.events.maxlen:
+        job.events_dropped += 1
+    job.events.append(event)
 
 
 def record(
@@ -214,11 +225,11 @@ def record(
     member: Member | Joiner | None = None,
     rank: int = -1,
 ) -> None:
-    """Appends one event to the job's log (the deque drops the oldest past the limit)."""
+    """Appends one event to the job's log (:func:`record_event`)."""
     host, pid = (member.host, member.pid) if member is not None else ("", 0)
     if isinstance(member, Member):
         rank = member.rank
-    job.events.append(JobEvent(int(now * 1000), kind, job.generation, rank, host, pid, message))
+    record_event(job, JobEvent(int(now * 1000), kind, job.generation, rank, host, pid, message))
 
 
 def round_config(request: JoinRequest, size: int) -> JobConfig:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidRequestError, UnknownError
 from ..messages import JobState
-from .job import Job, JobEvent, JobPhase, Member, MemberState
+from .job import Job, JobEvent, JobPhase, Member, MemberState, record_event
 
 __all__ = [
     "JOB_STATE",
@@ -140,7 +140,7 @@ def report_event(job: Job, kind: str, host: str, message: str, now: float) -> No
     """
     if not kind:
         raise InvalidRequestError("an event needs a kind (e.g. 'blacklist')")
-    job.events.append(JobEvent(int(now * 1000), kind, job.generation, -1, host, 0, message))
+    record_event(job, JobEvent(int(now * 1000), kind, job.generation, -1, host, 0, message))
 
 
 def event_log(job: Job) -> list[JobEvent]:
