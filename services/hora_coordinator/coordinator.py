@@ -93,7 +93,9 @@ class Coordinator:
         """
         job = self.jobs.get(job_id)
         if job is None:
-            raise UnknownError(f"unknown job '{job_id}' (a job exists once a worker joins it)")
+            raise UnknownError(
+                f"unknown job '{shown_id(job_id)}' (a job exists once a worker joins it)"
+            )
         return job
 
     def store(self, job_id: str) -> KeyValueStore:

@@ -9,21 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import InvalidRequestError, ResourceExhaustedError
+from .errors import InvalidRequestError, ResourceExhaustedError, shown_id
 from .messages import ErrorKind, JoinRequest, Response, ResponseType, TensorRequest
 from .settings import CoordinatorSettings
 from .state import Job
 
 __all__ = ["check_join_limits", "shown_id", "split_long_tensor_names"]
-
-# Ids quoted in error messages are cut to this many characters.
-_SHOWN_ID_LENGTH = 64
-
-
-def shown_id(value: str) -> str:
-    """A job or worker id as error messages quote it: at most 64 characters ("…" if cut)."""
-    return value if len(value) <= _SHOWN_ID_LENGTH else value[:_SHOWN_ID_LENGTH] + "…"
-
 
 def check_join_limits(limits: CoordinatorSettings, job: Job | None, request: JoinRequest) -> None:
     """Refuses a Join past the size limits; ``job`` is the job it names, if it exists.

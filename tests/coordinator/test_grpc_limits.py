@@ -115,3 +115,40 @@ def test_the_event_log_keeps_the_newest_and_the_api_counts_the_dropped(coordinat
         assert f'hora_job_events_dropped_total{{job_id="{job}"}} 3.0' in text
     finally:
         client.close()
+
+
+def test_a_refusal_quoting_long_input_keeps_its_status_and_fits_a_trailer(coordinator_factory):
+    # Status details travel in a trailer; one past the caller's metadata limit
+    # arrived as RESOURCE_EXHAUSTED "received metadata size exceeds hard limit"
+    # instead of the refusal (found by tests/fuzz).
+    proc = coordinator_factory("--lease-s", "30")
+    client = Client(proc.grpc_address, proc.token)
+    md, rdv = client.metadata, client.rendezvous
+    try:
+        client.join_all("j", 1)
+        calls = {
+            "unknown job": (grpc.StatusCode.NOT_FOUND, lambda: rdv.Heartbeat(
+                rendezvous_pb2.HeartbeatRequest(job_id="x" * 50_000, worker_id="w"),
+                metadata=md, timeout=5)),
+            "unknown job (4-byte characters)": (grpc.StatusCode.NOT_FOUND, lambda: rdv.ListEvents(
+                rendezvous_pb2.ListEventsRequest(job_id="🙂" * 5_000), metadata=md, timeout=5)),
+            "not a member": (grpc.StatusCode.NOT_FOUND, lambda: rdv.GetWorld(
+                rendezvous_pb2.GetWorldRequest(job_id="j", worker_id="w" * 50_000),
+                metadata=md, timeout=5)),
+            "missing keys": (grpc.StatusCode.DEADLINE_EXCEEDED, lambda: client.store.Wait(
+                store_pb2.StoreWaitRequest(job_id="j", keys=[f"{i:04}" + "k" * 96
+                                                             for i in range(500)],
+                                           timeout_ms=1),
+                metadata=md, timeout=5)),
+        }
+        for what, (code, call) in calls.items():
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            details = info.value.details()
+            assert info.value.code() == code, (what, info.value.code(), details[:200])
+            assert len(details.encode()) <= 4096, (what, len(details))
+            assert "…" in details, (what, details[-100:])
+        assert client.heartbeat("j", "w0", 1).job_state == rendezvous_pb2.JOB_STATE_RUNNING
+    finally:
+        client.close()
+    assert "Traceback" not in proc.log()

@@ -70,3 +70,45 @@ def test_the_message_limit_leaves_room_for_a_compare_set_of_two_values():
     ).settings
     assert (parsed.max_message_bytes, parsed.max_tensor_name_length,
             parsed.max_events_per_job) == (5_000_000, 7, 9)
+
+
+def test_status_details_are_cut_to_fit_a_trailer_once_percent_encoded():
+    from urllib.parse import quote
+
+    from hora_coordinator.servicer import DETAILS_BUDGET_BYTES, status_details
+
+    def encoded(text: str) -> int:  # grpc-message keeps printable ASCII but '%'
+        return len(quote(text, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"))
+
+    assert status_details("short and plain") == "short and plain"
+    for text in ("x" * 10_000, "é" * 10_000, "🙂" * 10_000, "%" * 10_000, "a🙂%" * 3_000):
+        cut = status_details(text)
+        assert cut.endswith("…") and text.startswith(cut[:-1])
+        assert encoded(cut) <= DETAILS_BUDGET_BYTES
+        assert encoded(cut) > DETAILS_BUDGET_BYTES - 40  # cut near the budget, not far below
+
+
+@pytest.mark.parametrize(
+    ("field", "values"),
+    [
+        ("invalid", ["x" * 100_000, "y" * 100_000]),  # each rank's own complaint
+        ("dtype", ["a" * 100_000, "b" * 100_000]),  # a mismatch quotes every value
+        ("device", ["🙂" * 50_000, "c" * 100_000]),
+    ],
+)
+def test_a_tensor_error_stays_a_few_kib_whatever_the_ranks_sent(field, values):
+    from hora_coordinator.negotiation import NegotiationTable
+
+    size = 64
+    table = NegotiationTable(size, 0)
+    errors = []
+    for rank in range(size):
+        request = npb.TensorRequest(name="t", op_type=npb.OP_TYPE_ALLREDUCE, dtype="float32",
+                                    shape=[4], device="cpu", reduce_op=npb.REDUCE_OP_SUM)
+        setattr(request, field, values[rank % 2])
+        outcome = table.submit(rank, [request], 0.0)
+        errors += [r for _, answer in outcome.broadcasts for r in answer.responses]
+    (error,) = errors
+    assert error.type is ResponseType.ERROR and error.tensor_names == ("t",)
+    assert len(error.error_message) <= 4096, len(error.error_message)
+    assert error.error_message.startswith("tensor 't': ")
