@@ -28,9 +28,12 @@ from support.coordinator import CoordinatorProcess
 
 __all__ = [
     "ALLOWED_CODES",
+    "DETAILS_LIMIT",
     "FUZZ_FLAGS",
+    "RESPONSE_ERROR_LIMIT",
     "RSS_GROWTH_LIMIT_KIB",
     "FuzzTarget",
+    "assert_refusal_ok",
     "fuzz_settings",
 ]
 
@@ -72,12 +75,29 @@ ALLOWED_CODES = frozenset({
     grpc.StatusCode.UNAUTHENTICATED,
 })
 
+#: Longest status details a refusal may carry. gRPC sends them in a trailer,
+#: and a trailer past the caller's metadata limit (16 KiB by default) turns the
+#: refusal into RESOURCE_EXHAUSTED "received metadata size exceeds hard
+#: limit": the caller learns nothing of what was wrong with its call. The
+#: coordinator's own texts are short; only quoted input could grow them.
+DETAILS_LIMIT = 4096
+#: Longest error text in a response on a negotiation stream, however many
+#: ranks sent however long a request: each rank gets it, on every error.
+RESPONSE_ERROR_LIMIT = 16 * 1024
+
 # What the coordinator's log must not show: Python tracebacks, gRPC's own
 # "Unexpected error" for a handler that raised, asyncio's lost exceptions.
 _LOG_DEFECTS = ("Traceback", "Unexpected error", "Exception in callback",
                 "exception was never retrieved")
 
 _TRAIN = Path(__file__).with_name("train_tiny.py")
+
+
+def assert_refusal_ok(code: grpc.StatusCode, details: str, call: object) -> None:
+    """A call ended OK or with a planned refusal whose details reach the caller whole."""
+    assert code in ALLOWED_CODES, (code, details, call)
+    assert len(details) <= DETAILS_LIMIT, (code, len(details), details[:300], call)
+    assert "metadata size" not in details, (code, details, call)
 
 
 def fuzz_settings(max_examples: int) -> settings:
