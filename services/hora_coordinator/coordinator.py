@@ -28,7 +28,7 @@ from .errors import (
     SupersededError,
     UnknownError,
 )
-from .limits import check_join_limits, shown_id, split_long_tensor_names
+from .limits import check_event_limits, check_join_limits, shown_id, split_long_tensor_names
 from .messages import (
     AddProcessSetRequest,
     CoordinatorMessage,
@@ -176,7 +176,9 @@ class Coordinator:
 
     def report_event(self, job_id: str, kind: str, host: str, message: str) -> None:
         """Records an event the launcher saw in the job's log."""
-        state.report_event(self.job(job_id), kind, host, message, self.clock())
+        job = self.job(job_id)
+        check_event_limits(self.settings, kind, host, message)
+        state.report_event(job, kind, host, message, self.clock())
 
     def list_events(self, job_id: str) -> list[state.JobEvent]:
         """The job's event log, oldest first."""

@@ -14,17 +14,21 @@ from .messages import ErrorKind, JoinRequest, Response, ResponseType, TensorRequ
 from .settings import CoordinatorSettings
 from .state import Job
 
-__all__ = ["check_join_limits", "shown_id", "split_long_tensor_names"]
+__all__ = ["check_event_limits", "check_join_limits", "shown_id", "split_long_tensor_names"]
 
 def check_join_limits(limits: CoordinatorSettings, job: Job | None, request: JoinRequest) -> None:
     """Refuses a Join past the size limits; ``job`` is the job it names, if it exists.
 
     Raises:
-        InvalidRequestError: an id is too long, or a size above the members per job.
+        InvalidRequestError: an id, the host or the data plane address is too long,
+            or a size above the members per job.
         ResourceExhaustedError: the job's round already holds the most joiners.
     """
     job_id = shown_id(request.job_id)
-    for what, value in (("job_id", request.job_id), ("worker_id", request.worker_id)):
+    # A member's host and address are kept (and sent to every member) like its ids.
+    for what, value in (("job_id", request.job_id), ("worker_id", request.worker_id),
+                        ("host", request.host),
+                        ("data_plane_address", request.data_plane_address)):
         if len(value) > limits.max_id_length:
             raise InvalidRequestError(
                 f"{what} of {len(value)} characters is longer than the limit of "
@@ -44,6 +48,22 @@ def check_join_limits(limits: CoordinatorSettings, job: Job | None, request: Joi
             f"job '{request.job_id}' already has {len(rnd.joiners)} joiners, the limit "
             "(max_members_per_job)"
         )
+
+
+def check_event_limits(limits: CoordinatorSettings, kind: str, host: str, message: str) -> None:
+    """Refuses a reported event whose kind or host is longer than an id.
+
+    Its message is free text: the job keeps it cut (:data:`~.state.TEXT_LIMIT`).
+
+    Raises:
+        InvalidRequestError: the kind or the host is longer than ``max_id_length``.
+    """
+    for what, value in (("kind", kind), ("host", host)):
+        if len(value) > limits.max_id_length:
+            raise InvalidRequestError(
+                f"event {what} of {len(value)} characters is longer than the limit of "
+                f"{limits.max_id_length} (max_id_length)"
+            )
 
 
 def split_long_tensor_names(

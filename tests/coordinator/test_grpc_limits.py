@@ -113,6 +113,15 @@ def test_the_event_log_keeps_the_newest_and_the_api_counts_the_dropped(coordinat
         assert summary["events_dropped"] == 3
         text = httpx.get(f"{proc.http_url}/metrics", timeout=5).text
         assert f'hora_job_events_dropped_total{{job_id="{job}"}} 3.0' in text
+        # A kind longer than an id is refused before the log changes; a long
+        # message is kept cut.
+        with pytest.raises(grpc.RpcError) as info:
+            client.report_event(job, "k" * 257)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "max_id_length" in info.value.details()
+        assert [e.message for e in client.list_events(job)] == ["1", "2", "3", "4", "5"]
+        client.report_event(job, "tick", message="m" * 100_000)
+        assert client.list_events(job)[-1].message == "m" * 1024 + "…"
     finally:
         client.close()
 

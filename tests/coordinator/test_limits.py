@@ -5,11 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from coordinator_transitions import jreq
+from coordinator_transitions import form, jreq
 
 from hora_coordinator import CoordinatorSettings, state
 from hora_coordinator.errors import InvalidRequestError
-from hora_coordinator.limits import check_join_limits, split_long_tensor_names
+from hora_coordinator.limits import (
+    check_event_limits,
+    check_join_limits,
+    split_long_tensor_names,
+)
 from hora_coordinator.messages import ErrorKind, ResponseType
 from hora_coordinator.settings import parse_command_line
 from hora_proto.v1 import negotiation_pb2 as npb
@@ -112,3 +116,29 @@ def test_a_tensor_error_stays_a_few_kib_whatever_the_ranks_sent(field, values):
     assert error.type is ResponseType.ERROR and error.tensor_names == ("t",)
     assert len(error.error_message) <= 4096, len(error.error_message)
     assert error.error_message.startswith("tensor 't': ")
+
+
+def test_a_host_or_address_longer_than_an_id_is_refused():
+    settings = CoordinatorSettings(max_id_length=16)
+    for field in ("host", "data_plane_address"):
+        request = dataclasses.replace(jreq("w", 1), **{field: "h" * 17})
+        with pytest.raises(InvalidRequestError, match=f"{field} of 17 characters .* limit of 16"):
+            check_join_limits(settings, None, request)
+        check_join_limits(settings, None, dataclasses.replace(jreq("w", 1), **{field: "h" * 16}))
+
+
+def test_what_a_job_keeps_of_an_event_or_a_leave_is_bounded():
+    settings = CoordinatorSettings(max_id_length=16)
+    job = state.new_job("job", 0.0)
+    for field in ("kind", "host"):
+        fields = {"kind": "blacklist", "host": "h", "message": "", field: "k" * 17}
+        with pytest.raises(InvalidRequestError, match=f"{field} of 17 characters"):
+            check_event_limits(settings, **fields)
+    check_event_limits(settings, "k" * 16, "h" * 16, "m" * 100_000)
+    state.report_event(job, "tick", "h", "m" * 100_000, 1.0)
+    (event,) = job.events
+    assert len(event.message) == state.TEXT_LIMIT + 1 and event.message.endswith("…")
+    left = form(2)
+    state.leave(left, "w0", "r" * 100_000, 2.0)
+    assert left.members[0].cause == "r" * state.TEXT_LIMIT + "…"
+    assert left.events[-1].message == left.members[0].cause

@@ -53,6 +53,7 @@ from .generations import elastic_order, order_joiners
 from .job import (
     DEFAULT_ELASTIC_TIMEOUT_S,
     EVENT_LOG_LIMIT,
+    TEXT_LIMIT,
     ElasticBounds,
     Job,
     JobConfig,
@@ -87,6 +88,7 @@ from .views import (
 __all__ = [
     "DEFAULT_ELASTIC_TIMEOUT_S",
     "EVENT_LOG_LIMIT",
+    "TEXT_LIMIT",
     "Admit",
     "Answer",
     "Effect",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import deque
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from ..negotiation import NegotiationTable
 __all__ = [
     "DEFAULT_ELASTIC_TIMEOUT_S",
     "EVENT_LOG_LIMIT",
+    "TEXT_LIMIT",
     "ElasticBounds",
     "Job",
     "JobConfig",
@@ -21,6 +23,7 @@ __all__ = [
     "Member",
     "MemberState",
     "Round",
+    "kept_text",
     "new_job",
     "new_joiner",
     "record",
@@ -32,6 +35,10 @@ __all__ = [
 #: Events a job keeps by default (settings ``max_events_per_job``); older ones
 #: are dropped first.
 EVENT_LOG_LIMIT = 10_000
+#: Most characters of free text a job keeps from a request (an event's
+#: message, a Leave's reason); more is cut ("…"). With the events kept per job
+#: bounded too, so is the memory its log takes.
+TEXT_LIMIT = 1024
 #: How long an elastic round waits for min_size workers when the first joiner
 #: sent ``elastic_timeout_ms`` 0 (Horovod's default elastic timeout).
 DEFAULT_ELASTIC_TIMEOUT_S = 600.0
@@ -210,8 +217,16 @@ def new_job(job_id: str, now: float, max_events: int = EVENT_LOG_LIMIT) -> Job:
     return Job(job_id=job_id, created_at=now, events=deque(maxlen=max_events))
 
 
+def kept_text(text: str) -> str:
+    """``text`` as a job keeps it: at most :data:`TEXT_LIMIT` characters ("…" if cut)."""
+    return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + "…"
+
+
 def record_event(job: Job, event: JobEvent) -> None:
-    """Appends ``event`` to the job's log; past its bound the oldest goes, and is counted."""
+    """Appends ``event`` to the job's log, its message cut to :data:`TEXT_LIMIT`;
+    past the log's bound the oldest event goes, and is counted."""
+    if len(event.message) > TEXT_LIMIT:
+        event = dataclasses.replace(event, message=kept_text(event.message))
     if len(job.events) == job.events.maxlen:
         job.events_dropped += 1
     job.events.append(event)
