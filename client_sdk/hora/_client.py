@@ -313,14 +313,19 @@ class CoordinatorClient:
 
 
 _CLOSE = object()
+# A burst of requests goes out in messages of about this many bytes at most: the
+# coordinator refuses a message past its --max-message-bytes (4 MiB by default)
+# by breaking the stream, which would lose this worker.
+_BATCH_BYTES = 1024 * 1024
 
 
 class NegotiationStream:
     """The bidirectional negotiation stream of one worker and generation.
 
     Requests are queued by any thread and sent by gRPC's own sender thread;
-    all requests queued while a send was under way go out as one message,
-    which is how a burst of ready gradients becomes one negotiation message.
+    all requests queued while a send was under way go out as one message (up
+    to about 1 MiB, then in the next), which is how a burst of ready
+    gradients becomes one negotiation message.
     """
 
     def __init__(self, client: CoordinatorClient, generation: int) -> None:
@@ -342,7 +347,8 @@ class NegotiationStream:
                 yield item
                 continue
             batch = [item]
-            while True:
+            size = item.ByteSize()
+            while size < _BATCH_BYTES:
                 try:
                     more = self._queue.get_nowait()
                 except queue.Empty:
@@ -351,6 +357,7 @@ class NegotiationStream:
                     yield self._wrap(batch)
                     return
                 batch.append(more)
+                size += more.ByteSize()
             yield self._wrap(batch)
 
     @staticmethod

@@ -161,3 +161,29 @@ def test_a_refusal_quoting_long_input_keeps_its_status_and_fits_a_trailer(coordi
     finally:
         client.close()
     assert "Traceback" not in proc.log()
+
+
+def test_a_stream_message_over_the_limit_ends_that_stream_only(coordinator_factory):
+    # gRPC refuses the message before any handler sees it, so the stream
+    # cannot go on; the SDK never sends one (it splits a burst into messages
+    # of about 1 MiB, tests/unit/test_negotiation_batches.py).
+    proc = coordinator_factory("--lease-s", "30", "--max-message-bytes", "300000",
+                               "--max-store-value-bytes", "100000")
+    client = Client(proc.grpc_address, proc.token)
+    try:
+        job, workers, streams = open_world(client, 2)
+        other, other_workers, other_streams = open_world(client, 1)
+        streams[0].send(*[tensor(f"t{i:05}" + "x" * 200) for i in range(1500)])
+        with pytest.raises(grpc.RpcError) as info:
+            while True:
+                streams[0].recv()
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        other_streams[0].send(tensor("x"))  # the coordinator and its other jobs go on
+        (resp,) = other_streams[0].responses()
+        assert resp.type == npb.RESPONSE_TYPE_ALLREDUCE
+        client.leave(other, other_workers[0])
+        for s in (*streams, *other_streams):
+            s.close()
+    finally:
+        client.close()
+    assert "Traceback" not in proc.log()
