@@ -22,7 +22,6 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client.registry import CollectorRegistry
 from pydantic import BaseModel, Field, TypeAdapter
 
 from . import metrics, state
@@ -143,18 +142,12 @@ def get_coordinator(request: Request) -> Coordinator:
     return request.app.state.coordinator
 
 
-def get_metrics_registry(request: Request) -> CollectorRegistry:
-    """The metrics registry of this app (for in-process readers; ``/metrics`` samples)."""
-    return request.app.state.metrics_registry
-
-
 def get_renderer(request: Request) -> Renderer:
     """The render thread of this app."""
     return request.app.state.renderer
 
 
 CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
-MetricsRegistryDep = Annotated[CollectorRegistry, Depends(get_metrics_registry)]
 RendererDep = Annotated[Renderer, Depends(get_renderer)]
 
 health_router = APIRouter(tags=["health"])
@@ -305,7 +298,6 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     """The HTTP app serving ``coordinator``'s state."""
     app = FastAPI(title="hora coordinator", version="1")
     app.state.coordinator = coordinator
-    app.state.metrics_registry = metrics.create_registry(coordinator)
     app.state.renderer = Renderer()
     app.include_router(health_router)
     app.include_router(metrics_router)
