@@ -462,14 +462,19 @@ _STREAM_BROKE = frozenset({
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
     grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
 })
+# A burst of requests goes out in messages of about this many bytes at most: the
+# coordinator refuses a message past its --max-message-bytes (4 MiB by default)
+# by breaking the stream, which would lose this worker.
+_BATCH_BYTES = 1024 * 1024
 
 
 class NegotiationStream:
     """The bidirectional negotiation stream of one worker and generation.
 
     Requests are queued by any thread and sent by gRPC's own sender thread;
-    all requests queued while a send was under way go out as one message,
-    which is how a burst of ready gradients becomes one negotiation message.
+    all requests queued while a send was under way go out as one message (up
+    to about 1 MiB, then in the next), which is how a burst of ready
+    gradients becomes one negotiation message.
     """
 
     def __init__(self, client: CoordinatorClient, generation: int) -> None:
@@ -491,7 +496,8 @@ class NegotiationStream:
                 yield item
                 continue
             batch = [item]
-            while True:
+            size = item.ByteSize()
+            while size < _BATCH_BYTES:
                 try:
                     more = self._queue.get_nowait()
                 except queue.Empty:
@@ -500,6 +506,7 @@ class NegotiationStream:
                     yield self._wrap(batch)
                     return
                 batch.append(more)
+                size += more.ByteSize()
             yield self._wrap(batch)
 
     @staticmethod

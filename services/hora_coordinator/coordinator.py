@@ -29,12 +29,14 @@ from .errors import (
     UnknownError,
 )
 from .journal import NO_JOURNAL, Journal
-from .limits import check_join_limits, shown_id
+from .limits import check_event_limits, check_join_limits, shown_id, split_long_tensor_names
 from .messages import (
     AddProcessSetRequest,
+    CoordinatorMessage,
     JoinRequest,
     ReattachRequest,
     RemoveProcessSetRequest,
+    ResponseList,
     TensorRequest,
 )
 from .negotiation import SetCallKind
@@ -94,7 +96,7 @@ class Coordinator:
 
     def _restore(self) -> None:
         """Loads what the journal kept; running members get one lease to re-attach."""
-        restored = self.journal.load(self.clock())
+        restored = self.journal.load(self.clock(), self.settings.max_events_per_job)
         for job in restored.jobs:
             if state.abandoned(job):
                 self.journal.forget(job.job_id)
@@ -134,7 +136,9 @@ class Coordinator:
         """
         job = self.jobs.get(job_id)
         if job is None:
-            raise UnknownError(f"unknown job '{job_id}' (a job exists once a worker joins it)")
+            raise UnknownError(
+                f"unknown job '{shown_id(job_id)}' (a job exists once a worker joins it)"
+            )
         return job
 
     def _new_store(self, job_id: str, data: dict[str, bytes] | None = None) -> KeyValueStore:
@@ -172,7 +176,9 @@ class Coordinator:
                     f"job '{request.job_id}' cannot start until one is forgotten"
                 )
             # Held aside until the Join is accepted: a refused one leaves no job behind.
-            job = state.new_job(request.job_id, self.clock())
+            job = state.new_job(
+                request.job_id, self.clock(), self.settings.max_events_per_job
+            )
         key = (job.job_id, request.worker_id)
         previous = self._joins.pop(key, None)
         if previous is not None and not previous.done():
@@ -224,7 +230,7 @@ class Coordinator:
                     f"this coordinator holds {len(self.jobs)} jobs, its limit (max_jobs); "
                     f"job '{shown_id(request.join.job_id)}' cannot be restored"
                 )
-            job = state.restore_job(request, self.clock())
+            job = state.restore_job(request, self.clock(), self.settings.max_events_per_job)
         effects = state.reattach(job, request, self.clock())
         if restored:
             self.jobs[job.job_id] = job
@@ -256,6 +262,7 @@ class Coordinator:
     def report_event(self, job_id: str, kind: str, host: str, message: str) -> None:
         """Records an event the launcher saw in the job's log."""
         job = self.job(job_id)
+        check_event_limits(self.settings, kind, host, message)
         state.report_event(job, kind, host, message, self.clock())
         self._persist(job)
 
@@ -286,8 +293,16 @@ class Coordinator:
     def requests(
         self, job_id: str, worker_id: str, generation: int, requests: Sequence[TensorRequest]
     ) -> None:
-        """One RequestList arrived on a member's stream (the hot path)."""
+        """One RequestList arrived on a member's stream (the hot path).
+
+        A request whose name is too long fails alone, before the table sees it.
+        """
         job = self.jobs[job_id]
+        requests, refused = split_long_tensor_names(self.settings, requests)
+        if refused:
+            job.errors += len(refused)
+            message = CoordinatorMessage(responses=ResponseList(tuple(refused)))
+            self.apply(job, [state.Send((worker_id,), message)])
         self.apply(job, state.handle_requests(job, worker_id, generation, requests, self.clock()))
 
     async def add_process_set(self, request: AddProcessSetRequest) -> None:

@@ -41,7 +41,20 @@ __all__ = [
     "StaleGenerationError",
     "SupersededError",
     "UnknownError",
+    "shown_id",
 ]
+
+# Ids and keys quoted in error messages are cut to this many characters.
+_SHOWN_LENGTH = 64
+
+
+def shown_id(value: str) -> str:
+    """An id (or key) as error messages quote it: at most 64 characters ("…" if cut).
+
+    A caller may send any length, and a message is sent back whole to every
+    caller it answers.
+    """
+    return value if len(value) <= _SHOWN_LENGTH else value[:_SHOWN_LENGTH] + "…"
 
 
 class CoordinatorError(Exception):

@@ -4,22 +4,31 @@ One router per resource. Routes only read state the coordinator owns; they
 run on the coordinator's event loop, so they see a consistent snapshot
 without locks. Response schemas (pydantic) are kept apart from the internal
 dataclasses of :mod:`.state`.
+
+That loop also serves gRPC, so a read must not hold it long, however many
+jobs there are: a route copies what it shows into plain values on the loop,
+a few hundred jobs at a time (:func:`_sliced`), and validates and encodes
+them on one worker thread (:class:`Renderer`). ``GET /api/v1/jobs`` also
+pages (``?offset=&limit=``; the header ``X-Total-Count`` says how many jobs
+there are).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import asyncio
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client.registry import CollectorRegistry
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 
 from . import metrics, state
 from .coordinator import Coordinator
 from .rest_auth import TokenGuard, is_loopback
 
-__all__ = ["EventView", "JobDetail", "JobSummary", "MemberView", "create_app"]
+__all__ = ["EventView", "JobDetail", "JobSummary", "MemberView", "Renderer", "create_app"]
 
 JobStateName = Literal["gathering", "running", "finished", "failed"]
 MemberStateName = Literal["joining", "active", "left", "lost"]
@@ -59,6 +68,10 @@ class JobSummary(BaseModel):
         description="the coordinator restarted without a journal (--state-dir) and rebuilt "
         "this job from its members' reports: its event log starts at the restart"
     )
+    events_dropped: int = Field(
+        description="oldest events dropped from the job's log to keep it within "
+        "the coordinator's --max-events-per-job"
+    )
 
 
 class JobDetail(JobSummary):
@@ -85,18 +98,62 @@ class Health(BaseModel):
     status: str
 
 
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+# Items copied between two yields to the event loop.
+_SLICE = 256
+_SUMMARIES = TypeAdapter(list[JobSummary])
+_DETAIL = TypeAdapter(JobDetail)
+_EVENTS = TypeAdapter(list[EventView])
+
+
+class Renderer:
+    """The one worker thread that validates and encodes what the routes send.
+
+    One thread, not a pool: every thread that renders competes with the
+    event loop for the GIL, and one keeps the loop's share high however many
+    scrapes arrive at once (they queue here instead).
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hora-http-render")
+
+    async def __call__(self, render: Callable[[_T], _R], values: _T) -> _R:
+        """``render(values)`` on the worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, render, values)
+
+    def close(self) -> None:
+        """Lets the thread end once the renders it holds are done."""
+        self._pool.shutdown(wait=False)
+
+
+async def _sliced(items: Iterable[_T], copy: Callable[[_T], _R]) -> list[_R]:
+    """``[copy(item) for item in items]``, yielding to the event loop every few hundred."""
+    listed = list(items)
+    out: list[_R] = []
+    for start in range(0, len(listed), _SLICE):
+        if start:
+            await asyncio.sleep(0)
+        out.extend(copy(item) for item in listed[start:start + _SLICE])
+    return out
+
+
+def _json(body: bytes, headers: dict[str, str] | None = None) -> Response:
+    return Response(content=body, media_type="application/json", headers=headers)
+
+
 def get_coordinator(request: Request) -> Coordinator:
     """The coordinator behind this app."""
     return request.app.state.coordinator
 
 
-def get_metrics_registry(request: Request) -> CollectorRegistry:
-    """The metrics registry of this app."""
-    return request.app.state.metrics_registry
+def get_renderer(request: Request) -> Renderer:
+    """The render thread of this app."""
+    return request.app.state.renderer
 
 
 CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
-MetricsRegistryDep = Annotated[CollectorRegistry, Depends(get_metrics_registry)]
+RendererDep = Annotated[Renderer, Depends(get_renderer)]
 
 health_router = APIRouter(tags=["health"])
 metrics_router = APIRouter(tags=["metrics"])
@@ -121,16 +178,19 @@ async def readyz(coordinator: CoordinatorDep) -> Health | JSONResponse:
     return JSONResponse(status_code=503, content={"status": "not serving"})
 
 
-# async on purpose: FastAPI runs a plain def route on a worker thread, where the
-# collector would read job state while the event loop mutates it.
+# async on purpose: FastAPI runs a plain def route on a worker thread, where it
+# would read job state while the event loop mutates it. The state is copied on
+# the loop; only the copies go to the render thread.
 @metrics_router.get(
     "/metrics",
     response_class=Response,
     responses={200: {"content": {metrics.CONTENT_TYPE: {}}, "description": "Prometheus text"}},
 )
-async def get_metrics(registry: MetricsRegistryDep) -> Response:
+async def get_metrics(coordinator: CoordinatorDep, render: RendererDep) -> Response:
     """Per-job negotiation counters, generations and members, in Prometheus text format."""
-    return Response(content=metrics.render(registry), media_type=metrics.CONTENT_TYPE)
+    samples = await metrics.sample_jobs_sliced(coordinator)
+    body = await render(metrics.render_samples, samples)
+    return Response(content=body, media_type=metrics.CONTENT_TYPE)
 
 
 def _summary_fields(job: state.Job) -> dict[str, Any]:
@@ -150,54 +210,82 @@ def _summary_fields(job: state.Job) -> dict[str, Any]:
         "reset_count": job.reset_count,
         "host_update_epoch": job.host_update_epoch,
         "history_restarted": job.history_restarted,
+        "events_dropped": job.events_dropped,
     }
 
 
-def _members(job: state.Job) -> list[MemberView]:
-    views = [
-        MemberView(
-            rank=m.rank,
-            worker_id=m.worker_id,
-            host=m.host,
-            pid=m.pid,
-            state=m.state.value,
-            local_rank=m.local_rank,
-            last_heartbeat=m.last_heartbeat,
-            cause=m.cause,
-        )
-        for m in job.members
-    ]
-    if job.round is not None:
-        views.extend(
-            MemberView(
-                rank=j.rank_hint,
-                worker_id=j.worker_id,
-                host=j.host,
-                pid=j.pid,
-                state="joining",
-                local_rank=-1,
-                last_heartbeat=j.joined_at,
-            )
-            for j in job.round.joiners.values()
-        )
-    return views
+def _member_fields(m: state.Member) -> dict[str, Any]:
+    return {
+        "rank": m.rank,
+        "worker_id": m.worker_id,
+        "host": m.host,
+        "pid": m.pid,
+        "state": m.state.value,
+        "local_rank": m.local_rank,
+        "last_heartbeat": m.last_heartbeat,
+        "cause": m.cause,
+    }
+
+
+def _joiner_fields(j: state.Joiner) -> dict[str, Any]:
+    return {
+        "rank": j.rank_hint,
+        "worker_id": j.worker_id,
+        "host": j.host,
+        "pid": j.pid,
+        "state": "joining",
+        "local_rank": -1,
+        "last_heartbeat": j.joined_at,
+    }
+
+
+def _job(coordinator: Coordinator, job_id: str) -> state.Job:
+    job = coordinator.jobs.get(job_id)
+    if job is None:
+        raise HTTPException(status_code=404, detail=f"unknown job '{job_id}'")
+    return job
+
+
+def _render_summaries(rows: list[dict[str, Any]]) -> bytes:
+    return _SUMMARIES.dump_json(_SUMMARIES.validate_python(rows))
+
+
+def _render_detail(fields: dict[str, Any]) -> bytes:
+    return _DETAIL.dump_json(_DETAIL.validate_python(fields))
+
+
+def _render_events(events: list[state.JobEvent]) -> bytes:
+    return _EVENTS.dump_json(_EVENTS.validate_python(events, from_attributes=True))
 
 
 @jobs_router.get("", response_model=list[JobSummary])
-async def list_jobs(coordinator: CoordinatorDep) -> list[JobSummary]:
-    """Every job this coordinator has seen, oldest first."""
-    return [JobSummary(**_summary_fields(job)) for job in coordinator.jobs.values()]
+async def list_jobs(
+    coordinator: CoordinatorDep,
+    render: RendererDep,
+    offset: Annotated[int, Query(ge=0, description="jobs to skip, oldest first")] = 0,
+    limit: Annotated[
+        int | None, Query(ge=1, description="most jobs to answer (default: all)")
+    ] = None,
+) -> Response:
+    """The jobs this coordinator holds, oldest first; ``X-Total-Count`` counts them all."""
+    jobs = list(coordinator.jobs.values())
+    page = jobs[offset:] if limit is None else jobs[offset:offset + limit]
+    rows = await _sliced(page, _summary_fields)
+    body = await render(_render_summaries, rows)
+    return _json(body, {"X-Total-Count": str(len(jobs))})
 
 
 @jobs_router.get(
     "/{job_id}", response_model=JobDetail, responses={404: {"description": "no such job"}}
 )
-async def get_job(job_id: str, coordinator: CoordinatorDep) -> JobDetail:
+async def get_job(job_id: str, coordinator: CoordinatorDep, render: RendererDep) -> Response:
     """One job with its members; joiners of a gathering round show as "joining"."""
-    job = coordinator.jobs.get(job_id)
-    if job is None:
-        raise HTTPException(status_code=404, detail=f"unknown job '{job_id}'")
-    return JobDetail(**_summary_fields(job), members=_members(job))
+    job = _job(coordinator, job_id)
+    fields = _summary_fields(job)
+    joiners = list(job.round.joiners.values()) if job.round is not None else []
+    members = await _sliced(job.members, _member_fields)
+    members += await _sliced(joiners, _joiner_fields)
+    return _json(await render(_render_detail, {**fields, "members": members}))
 
 
 @jobs_router.get(
@@ -205,12 +293,11 @@ async def get_job(job_id: str, coordinator: CoordinatorDep) -> JobDetail:
     response_model=list[EventView],
     responses={404: {"description": "no such job"}},
 )
-async def list_events(job_id: str, coordinator: CoordinatorDep) -> list[EventView]:
+async def list_events(job_id: str, coordinator: CoordinatorDep, render: RendererDep) -> Response:
     """The job's event log, oldest first (joins, generations, losses, resets, ...)."""
-    job = coordinator.jobs.get(job_id)
-    if job is None:
-        raise HTTPException(status_code=404, detail=f"unknown job '{job_id}'")
-    return [EventView.model_validate(e, from_attributes=True) for e in job.events]
+    # Events are frozen: the copied list is safe to read on the render thread.
+    events = list(_job(coordinator, job_id).events)
+    return _json(await render(_render_events, events))
 
 
 def create_app(coordinator: Coordinator) -> FastAPI:
@@ -221,7 +308,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     if not is_loopback(settings.host):
         app.add_middleware(TokenGuard, token=settings.token, secure_cookie=settings.tls)
     app.state.coordinator = coordinator
-    app.state.metrics_registry = metrics.create_registry(coordinator)
+    app.state.renderer = Renderer()
     app.include_router(health_router)
     app.include_router(metrics_router)
     app.include_router(jobs_router)

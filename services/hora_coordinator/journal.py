@@ -65,8 +65,9 @@ class Restored:
 class Journal(Protocol):
     """Where the coordinator writes what must outlive it."""
 
-    def load(self, now: float) -> Restored:
-        """Every job and store kept; members' leases start at ``now``."""
+    def load(self, now: float, max_events: int = state.EVENT_LOG_LIMIT) -> Restored:
+        """Every job and store kept; members' leases start at ``now``, and each
+        job's log keeps its last ``max_events`` events."""
         ...
 
     def save_job(self, job: state.Job, new_events: Iterable[state.JobEvent]) -> None:
@@ -87,7 +88,7 @@ class Journal(Protocol):
 class _NoJournal:
     """Keeps nothing (no ``--state-dir``)."""
 
-    def load(self, now: float) -> Restored:
+    def load(self, now: float, max_events: int = state.EVENT_LOG_LIMIT) -> Restored:
         return Restored()
 
     def save_job(self, job: state.Job, new_events: Iterable[state.JobEvent]) -> None:
@@ -120,13 +121,13 @@ class SqliteJournal:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
 
-    def load(self, now: float) -> Restored:
+    def load(self, now: float, max_events: int = state.EVENT_LOG_LIMIT) -> Restored:
         restored = Restored()
         events: dict[str, list[state.JobEvent]] = {}
         for job_id, text in self._db.execute("SELECT job_id, event FROM events ORDER BY seq"):
             events.setdefault(job_id, []).append(state.JobEvent(**json.loads(text)))
         for (text,) in self._db.execute("SELECT record FROM jobs"):
-            job = job_from_record(json.loads(text), now)
+            job = job_from_record(json.loads(text), now, max_events)
             job.events.extend(events.get(job.job_id, ()))
             restored.jobs.append(job)
         for job_id, key, value in self._db.execute("SELECT job_id, key, value FROM store"):
@@ -150,7 +151,7 @@ class SqliteJournal:
             # The log is bounded like the job's own: the oldest go first.
             self._db.execute(
                 "DELETE FROM events WHERE job_id = ? AND seq <= ?",
-                (job.job_id, job.event_count - state.EVENT_LOG_LIMIT),
+                (job.job_id, job.event_count - (job.events.maxlen or state.EVENT_LOG_LIMIT)),
             )
 
     def store_write(self, job_id: str, key: str, value: bytes | None) -> None:
@@ -180,7 +181,7 @@ _MEMBER_FIELDS = (
 )
 _COUNTERS = (
     "arrivals", "negotiated_tensors", "errors", "negotiation_messages", "reset_count",
-    "host_update_epoch", "removals_only", "event_count", "history_restarted",
+    "host_update_epoch", "removals_only", "event_count", "history_restarted", "events_dropped",
     "is_homogeneous", "generation", "failure", "created_at",
 )
 
@@ -205,15 +206,17 @@ def job_record(job: state.Job) -> dict[str, Any]:
     }
 
 
-def job_from_record(record: dict[str, Any], now: float) -> state.Job:
+def job_from_record(record: dict[str, Any], now: float,
+                    max_events: int = state.EVENT_LOG_LIMIT) -> state.Job:
     """The job a record describes, its members' leases starting at ``now``.
 
     A job that was gathering its next world comes back without the round:
     the joiners' Joins broke with the coordinator and they join again.
     """
-    job = state.new_job(record["job_id"], record["created_at"])
+    job = state.new_job(record["job_id"], record["created_at"], max_events)
     for name in _COUNTERS:
-        setattr(job, name, record[name])
+        if name in record:  # a journal written before the field existed lacks it
+            setattr(job, name, record[name])
     job.phase = state.JobPhase(record["phase"])
     if record["config"] is not None:
         job.config = state.JobConfig(**record["config"])

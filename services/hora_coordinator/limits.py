@@ -1,32 +1,34 @@
-"""The coordinator's size limits on a Join, checked before anything changes."""
+"""The coordinator's size limits on requests, checked before anything changes.
+
+The largest message (``max_message_bytes``) is gRPC's own limit, set where the
+server is made (:func:`~.server.create_grpc_server`): gRPC refuses a larger one
+with RESOURCE_EXHAUSTED before any handler runs.
+"""
 
 from __future__ import annotations
 
-from .errors import InvalidRequestError, ResourceExhaustedError
-from .messages import JoinRequest
+from collections.abc import Sequence
+
+from .errors import InvalidRequestError, ResourceExhaustedError, shown_id
+from .messages import ErrorKind, JoinRequest, Response, ResponseType, TensorRequest
 from .settings import CoordinatorSettings
 from .state import Job
 
-__all__ = ["check_join_limits", "shown_id"]
-
-# Ids quoted in error messages are cut to this many characters.
-_SHOWN_ID_LENGTH = 64
-
-
-def shown_id(value: str) -> str:
-    """A job or worker id as error messages quote it: at most 64 characters ("…" if cut)."""
-    return value if len(value) <= _SHOWN_ID_LENGTH else value[:_SHOWN_ID_LENGTH] + "…"
-
+__all__ = ["check_event_limits", "check_join_limits", "shown_id", "split_long_tensor_names"]
 
 def check_join_limits(limits: CoordinatorSettings, job: Job | None, request: JoinRequest) -> None:
     """Refuses a Join past the size limits; ``job`` is the job it names, if it exists.
 
     Raises:
-        InvalidRequestError: an id is too long, or a size above the members per job.
+        InvalidRequestError: an id, the host or the data plane address is too long,
+            or a size above the members per job.
         ResourceExhaustedError: the job's round already holds the most joiners.
     """
     job_id = shown_id(request.job_id)
-    for what, value in (("job_id", request.job_id), ("worker_id", request.worker_id)):
+    # A member's host and address are kept (and sent to every member) like its ids.
+    for what, value in (("job_id", request.job_id), ("worker_id", request.worker_id),
+                        ("host", request.host),
+                        ("data_plane_address", request.data_plane_address)):
         if len(value) > limits.max_id_length:
             raise InvalidRequestError(
                 f"{what} of {len(value)} characters is longer than the limit of "
@@ -46,3 +48,50 @@ def check_join_limits(limits: CoordinatorSettings, job: Job | None, request: Joi
             f"job '{request.job_id}' already has {len(rnd.joiners)} joiners, the limit "
             "(max_members_per_job)"
         )
+
+
+def check_event_limits(limits: CoordinatorSettings, kind: str, host: str, message: str) -> None:
+    """Refuses a reported event whose kind or host is longer than an id.
+
+    Its message is free text: the job keeps it cut (:data:`~.state.TEXT_LIMIT`).
+
+    Raises:
+        InvalidRequestError: the kind or the host is longer than ``max_id_length``.
+    """
+    for what, value in (("kind", kind), ("host", host)):
+        if len(value) > limits.max_id_length:
+            raise InvalidRequestError(
+                f"event {what} of {len(value)} characters is longer than the limit of "
+                f"{limits.max_id_length} (max_id_length)"
+            )
+
+
+def split_long_tensor_names(
+    limits: CoordinatorSettings, requests: Sequence[TensorRequest]
+) -> tuple[Sequence[TensorRequest], list[Response]]:
+    """The requests whose names are within ``max_tensor_name_length``, and an
+    ERROR response (kind INVALID: that call fails, nothing else) for each other one.
+
+    On the hot path: a message without an over-long name costs one pass over
+    the names and comes back as it is.
+    """
+    limit = limits.max_tensor_name_length
+    if not any(len(r.name) > limit for r in requests):
+        return requests, []
+    kept: list[TensorRequest] = []
+    refused: list[Response] = []
+    for r in requests:
+        if len(r.name) <= limit:
+            kept.append(r)
+            continue
+        refused.append(Response(
+            type=ResponseType.ERROR,
+            tensor_names=(r.name,),
+            process_set_id=r.process_set_id,
+            error_message=(
+                f"tensor '{shown_id(r.name)}': a name of {len(r.name)} characters is longer "
+                f"than this coordinator's limit of {limit} (max_tensor_name_length)"
+            ),
+            error_kind=ErrorKind.INVALID,
+        ))
+    return kept, refused

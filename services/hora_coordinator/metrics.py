@@ -6,6 +6,13 @@ keep a second copy of those counters in prometheus-client objects, which
 would have to be updated on the hot path and could drift, a custom collector
 turns the state into metric families whenever ``/metrics`` is scraped.
 
+A scrape must not hold up the event loop that also serves gRPC: with
+thousands of jobs, rendering the text takes long enough for heartbeats to
+wait and healthy workers to be declared lost. So ``/metrics`` copies the
+numbers on the loop a few hundred jobs at a time
+(:func:`sample_jobs_sliced`) and renders them on a worker thread
+(:func:`render_samples`).
+
 Exported series::
 
     hora_negotiation_messages_total{job_id}   RequestLists received (counter)
@@ -20,6 +27,8 @@ Exported series::
     hora_stream_outboxes{job_id}              outboxes held for members (one per open or
                                               not yet opened stream)
     hora_stream_queued_messages{job_id}       messages waiting in them, not yet sent
+    hora_job_events_dropped_total{job_id}     oldest events dropped from the job's bounded
+                                              log (--max-events-per-job) (counter)
 
 Every state label value is always present (0 when empty), so a series does
 not vanish when its last member or job moves on.
@@ -27,7 +36,9 @@ not vanish when its last member or job moves on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -36,10 +47,163 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from . import state
 from .coordinator import Coordinator
 
-__all__ = ["CONTENT_TYPE", "CoordinatorCollector", "create_registry", "render"]
+__all__ = [
+    "CONTENT_TYPE",
+    "CoordinatorCollector",
+    "JobSample",
+    "create_registry",
+    "render",
+    "render_samples",
+    "sample_jobs",
+    "sample_jobs_sliced",
+]
 
 #: The ``Content-Type`` of :func:`render`'s output (Prometheus text format 0.0.4).
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Jobs sampled between two yields to the event loop in :func:`sample_jobs_sliced`.
+_SLICE = 256
+
+
+@dataclass(frozen=True)
+class JobSample:
+    """What the metrics show of one job, copied out of its state (safe on any thread)."""
+
+    job_id: str
+    phase: state.JobPhase
+    negotiation_messages: int
+    negotiated_tensors: int
+    errors: int
+    generation: int
+    reset_count: int
+    members: tuple[tuple[state.MemberState, int], ...]
+    stream_messages: int
+    outboxes: int
+    queued: int
+    events_dropped: int
+
+
+class _Sampler:
+    """Copies jobs of one coordinator into :class:`JobSample`; call on its event loop."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._c = coordinator
+        self._held = coordinator.outbox_counts()
+
+    def __call__(self, job: state.Job) -> JobSample:
+        boxes, waiting = self._held.get(job.job_id, (0, 0))
+        return JobSample(
+            job_id=job.job_id,
+            phase=job.phase,
+            negotiation_messages=job.negotiation_messages,
+            negotiated_tensors=job.negotiated_tensors,
+            errors=job.errors,
+            generation=job.generation,
+            reset_count=job.reset_count,
+            members=tuple(_member_counts(job).items()),
+            stream_messages=self._c.messages_queued.get(job.job_id, 0),
+            outboxes=boxes,
+            queued=waiting,
+            events_dropped=job.events_dropped,
+        )
+
+
+def sample_jobs(coordinator: Coordinator) -> list[JobSample]:
+    """Every job's sample at once; call on the coordinator's event loop."""
+    sample = _Sampler(coordinator)
+    return [sample(job) for job in coordinator.jobs.values()]
+
+
+async def sample_jobs_sliced(coordinator: Coordinator) -> list[JobSample]:
+    """Every job's sample, yielding to the event loop every few hundred jobs.
+
+    Each job is copied whole in one step, so its sample is consistent; jobs
+    that come or go between slices may or may not show (as in a scrape a
+    moment earlier or later). The loop is never held for long, however many
+    jobs there are.
+    """
+    sample = _Sampler(coordinator)
+    jobs = list(coordinator.jobs.values())
+    out: list[JobSample] = []
+    for start in range(0, len(jobs), _SLICE):
+        if start:
+            await asyncio.sleep(0)
+        out.extend(sample(job) for job in jobs[start:start + _SLICE])
+    return out
+
+
+def families(samples: Iterable[JobSample]) -> Iterator[Metric]:
+    """The metric families listed in the module docstring, built from ``samples``."""
+    messages = CounterMetricFamily(
+        "hora_negotiation_messages",
+        "Negotiation request lists received from the job's members.",
+        labels=["job_id"],
+    )
+    tensors = CounterMetricFamily(
+        "hora_negotiated_tensors",
+        "Tensors negotiated ready on every rank of the job.",
+        labels=["job_id"],
+    )
+    errors = CounterMetricFamily(
+        "hora_negotiation_errors",
+        "Error responses sent to the job's members (mismatches, failed sets, ...).",
+        labels=["job_id"],
+    )
+    generation = GaugeMetricFamily(
+        "hora_job_generation",
+        "Current generation of the job; 0 while its first world gathers.",
+        labels=["job_id"],
+    )
+    resets = CounterMetricFamily(
+        "hora_job_resets",
+        "Generations an elastic job formed after its first (elastic resets).",
+        labels=["job_id"],
+    )
+    members = GaugeMetricFamily(
+        "hora_job_members",
+        "Members of the job by state; joiners of a gathering round are 'joining'.",
+        labels=["job_id", "state"],
+    )
+    jobs = GaugeMetricFamily("hora_jobs", "Jobs by state.", labels=["state"])
+    sent = CounterMetricFamily(
+        "hora_stream_messages",
+        "Messages queued on the negotiation streams of the job's members.",
+        labels=["job_id"],
+    )
+    outboxes = GaugeMetricFamily(
+        "hora_stream_outboxes",
+        "Outboxes held for the job's members (open or not yet opened streams).",
+        labels=["job_id"],
+    )
+    queued = GaugeMetricFamily(
+        "hora_stream_queued_messages",
+        "Messages waiting in the job's outboxes, not yet written to a stream.",
+        labels=["job_id"],
+    )
+    dropped = CounterMetricFamily(
+        "hora_job_events_dropped",
+        "Oldest events dropped from the job's event log to keep it within its bound.",
+        labels=["job_id"],
+    )
+    by_phase = dict.fromkeys(state.JobPhase, 0)
+    for job in samples:
+        labels = [job.job_id]
+        sent.add_metric(labels, job.stream_messages)
+        outboxes.add_metric(labels, job.outboxes)
+        queued.add_metric(labels, job.queued)
+        by_phase[job.phase] += 1
+        messages.add_metric(labels, job.negotiation_messages)
+        tensors.add_metric(labels, job.negotiated_tensors)
+        errors.add_metric(labels, job.errors)
+        generation.add_metric(labels, job.generation)
+        resets.add_metric(labels, job.reset_count)
+        dropped.add_metric(labels, job.events_dropped)
+        for member_state, count in job.members:
+            members.add_metric([job.job_id, member_state.value], count)
+    for phase, count in by_phase.items():
+        jobs.add_metric([phase.value], count)
+    yield from (messages, tensors, errors, generation, resets, members, jobs)
+    yield from (sent, outboxes, queued, dropped)
 
 
 class CoordinatorCollector(Collector):
@@ -48,7 +212,9 @@ class CoordinatorCollector(Collector):
     Args:
         coordinator: The coordinator to read. Only read, on the caller's
             thread: call :meth:`collect` on the coordinator's event loop
-            (as the ``/metrics`` route does) to see a consistent snapshot.
+            to see a consistent snapshot. The ``/metrics`` route instead
+            samples on the loop (:func:`sample_jobs_sliced`) and renders the
+            samples on a thread (:func:`render_samples`).
     """
 
     def __init__(self, coordinator: Coordinator) -> None:
@@ -56,71 +222,15 @@ class CoordinatorCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yields the families listed in the module docstring."""
-        messages = CounterMetricFamily(
-            "hora_negotiation_messages",
-            "Negotiation request lists received from the job's members.",
-            labels=["job_id"],
-        )
-        tensors = CounterMetricFamily(
-            "hora_negotiated_tensors",
-            "Tensors negotiated ready on every rank of the job.",
-            labels=["job_id"],
-        )
-        errors = CounterMetricFamily(
-            "hora_negotiation_errors",
-            "Error responses sent to the job's members (mismatches, failed sets, ...).",
-            labels=["job_id"],
-        )
-        generation = GaugeMetricFamily(
-            "hora_job_generation",
-            "Current generation of the job; 0 while its first world gathers.",
-            labels=["job_id"],
-        )
-        resets = CounterMetricFamily(
-            "hora_job_resets",
-            "Generations an elastic job formed after its first (elastic resets).",
-            labels=["job_id"],
-        )
-        members = GaugeMetricFamily(
-            "hora_job_members",
-            "Members of the job by state; joiners of a gathering round are 'joining'.",
-            labels=["job_id", "state"],
-        )
-        jobs = GaugeMetricFamily("hora_jobs", "Jobs by state.", labels=["state"])
-        sent = CounterMetricFamily(
-            "hora_stream_messages",
-            "Messages queued on the negotiation streams of the job's members.",
-            labels=["job_id"],
-        )
-        outboxes = GaugeMetricFamily(
-            "hora_stream_outboxes",
-            "Outboxes held for the job's members (open or not yet opened streams).",
-            labels=["job_id"],
-        )
-        queued = GaugeMetricFamily(
-            "hora_stream_queued_messages",
-            "Messages waiting in the job's outboxes, not yet written to a stream.",
-            labels=["job_id"],
-        )
-        by_phase = dict.fromkeys(state.JobPhase, 0)
-        held = self._coordinator.outbox_counts()
-        for job in self._coordinator.jobs.values():
-            boxes, waiting = held.get(job.job_id, (0, 0))
-            sent.add_metric([job.job_id], self._coordinator.messages_queued.get(job.job_id, 0))
-            outboxes.add_metric([job.job_id], boxes)
-            queued.add_metric([job.job_id], waiting)
-            by_phase[job.phase] += 1
-            messages.add_metric([job.job_id], job.negotiation_messages)
-            tensors.add_metric([job.job_id], job.negotiated_tensors)
-            errors.add_metric([job.job_id], job.errors)
-            generation.add_metric([job.job_id], job.generation)
-            resets.add_metric([job.job_id], job.reset_count)
-            for member_state, count in _member_counts(job).items():
-                members.add_metric([job.job_id, member_state.value], count)
-        for phase, count in by_phase.items():
-            jobs.add_metric([phase.value], count)
-        yield from (messages, tensors, errors, generation, resets, members, jobs)
-        yield from (sent, outboxes, queued)
+        yield from families(sample_jobs(self._coordinator))
+
+
+class _Samples(Collector):
+    def __init__(self, samples: Sequence[JobSample]) -> None:
+        self._samples = samples
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self._samples)
 
 
 def _member_counts(job: state.Job) -> dict[state.MemberState, int]:
@@ -145,4 +255,11 @@ def create_registry(coordinator: Coordinator) -> CollectorRegistry:
 
 def render(registry: CollectorRegistry) -> bytes:
     """``registry``'s metrics in the Prometheus text format."""
+    return generate_latest(registry)
+
+
+def render_samples(samples: Sequence[JobSample]) -> bytes:
+    """The metrics of ``samples`` in the Prometheus text format; safe on any thread."""
+    registry = CollectorRegistry()
+    registry.register(_Samples(samples))
     return generate_latest(registry)

@@ -93,7 +93,12 @@ def create_grpc_server(
     refusals = RefusalLog(settings.refusal_log_interval.total_seconds(), logger)
     server = grpc.aio.server(
         interceptors=[TokenAuthInterceptor(settings.token, refusals)],
-        options=[("grpc.so_reuseport", 0)],
+        options=[
+            ("grpc.so_reuseport", 0),
+            # Deliberate, not gRPC's default by chance: a larger request is
+            # RESOURCE_EXHAUSTED before any handler runs (settings.max_message_bytes).
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ],
     )
     add_servicers(server, coordinator)
     health_servicer = health.aio.HealthServicer()
@@ -161,9 +166,10 @@ async def serve(
             f"cannot bind HTTP to {settings.host}:{settings.http_port}: {exc}"
         ) from exc
     http_port = sock.getsockname()[1]
+    app = create_app(coordinator)
     http = _UvicornServer(
         uvicorn.Config(
-            create_app(coordinator),
+            app,
             lifespan="off",
             log_config=None,
             log_level="warning",
@@ -200,6 +206,7 @@ async def serve(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(http_task, timeout=5.0)
         sock.close()
+        app.state.renderer.close()
         journal.close()
         logger.info("hora-coordinator: stopped")
 

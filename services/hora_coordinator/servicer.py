@@ -42,11 +42,13 @@ from .errors import (
 )
 
 __all__ = [
+    "DETAILS_BUDGET_BYTES",
     "NegotiationServicer",
     "RendezvousServicer",
     "StoreServicer",
     "abort_with",
     "add_servicers",
+    "status_details",
     "status_for",
 ]
 
@@ -67,6 +69,30 @@ _STATUS: tuple[tuple[type[CoordinatorError], grpc.StatusCode], ...] = (
 )
 
 
+#: Most bytes the details of a status take on the wire. They travel in the
+#: ``grpc-message`` trailer, percent-encoded (3 bytes for each byte outside
+#: printable ASCII); a trailer past the caller's metadata limit (16 KiB hard,
+#: 8 KiB soft by default) reaches it as RESOURCE_EXHAUSTED "received metadata
+#: size exceeds hard limit" instead of the refusal.
+DETAILS_BUDGET_BYTES = 4096
+
+
+def status_details(text: str) -> str:
+    """``text`` cut ("…") to fit :data:`DETAILS_BUDGET_BYTES` once percent-encoded.
+
+    Messages quote what callers sent (ids, keys, reasons); however long that
+    was, the caller gets the status code and the start of the message.
+    """
+    budget = DETAILS_BUDGET_BYTES - 9  # room for "…" (3 bytes, each encoded)
+    used = 0
+    for i, char in enumerate(text):
+        used += 1 if " " <= char <= "~" and char != "%" else 3 * len(
+            char.encode("utf-8", "surrogatepass"))
+        if used > budget:
+            return text[:i] + "…"
+    return text
+
+
 def status_for(error: CoordinatorError) -> grpc.StatusCode:
     """The gRPC status code for a coordinator error (INTERNAL for an unmapped one)."""
     for kind, code in _STATUS:
@@ -76,8 +102,9 @@ def status_for(error: CoordinatorError) -> grpc.StatusCode:
 
 
 async def abort_with(context: grpc.aio.ServicerContext, error: CoordinatorError) -> None:
-    """Ends the call with ``error``'s status code and message (raises, as abort does)."""
-    await context.abort(status_for(error), str(error))
+    """Ends the call with ``error``'s status code and message, cut to fit a trailer
+    (:func:`status_details`); raises, as abort does."""
+    await context.abort(status_for(error), status_details(str(error)))
 
 
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])

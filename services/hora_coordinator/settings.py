@@ -27,7 +27,13 @@ _LIMITS = (
     "max_id_length",
     "max_store_key_bytes",
     "max_store_value_bytes",
+    "max_tensor_name_length",
+    "max_events_per_job",
+    "max_message_bytes",
 )
+# What a CompareSet carries besides its two values: field tags, lengths, the
+# key and the job id (at most 4 bytes a character).
+_FRAMING_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,15 @@ class CoordinatorSettings:
         max_id_length: Longest job id and worker id, in characters.
         max_store_key_bytes: Longest store key, in UTF-8 bytes.
         max_store_value_bytes: Largest store value, in bytes.
+        max_tensor_name_length: Longest tensor name in a negotiation request, in
+            characters; a longer one fails that request only (an ERROR response
+            of kind INVALID), the stream and the job go on.
+        max_events_per_job: Events a job's log keeps; the oldest are dropped
+            first, and the job counts how many were (``events_dropped``).
+        max_message_bytes: Largest gRPC message the coordinator receives
+            (gRPC's own max receive message length); a larger one is refused
+            with RESOURCE_EXHAUSTED before any handler runs. Must leave room
+            for a CompareSet of two values of ``max_store_value_bytes``.
         log_level: Name of a :mod:`logging` level.
         state_dir: Where the journal lives (SQLite in WAL mode); None keeps no
             journal, and a restart then rebuilds running jobs from their
@@ -80,6 +95,9 @@ class CoordinatorSettings:
     max_id_length: int = 256
     max_store_key_bytes: int = 4096
     max_store_value_bytes: int = 1024 * 1024
+    max_tensor_name_length: int = 4096
+    max_events_per_job: int = 10_000
+    max_message_bytes: int = 4 * 1024 * 1024
     log_level: str = "INFO"
     state_dir: Path | None = None
 
@@ -100,6 +118,14 @@ class CoordinatorSettings:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError(
                 "--tls-cert and --tls-key go together: give both, or neither for plaintext"
+            )
+        needed = (2 * self.max_store_value_bytes + self.max_store_key_bytes
+                  + 4 * self.max_id_length + _FRAMING_BYTES)
+        if self.max_message_bytes < needed:
+            raise ValueError(
+                f"max_message_bytes {self.max_message_bytes} is too small for a store "
+                f"CompareSet of two values of max_store_value_bytes "
+                f"{self.max_store_value_bytes}: it needs at least {needed}"
             )
         if self.log_level.upper() not in _LOG_LEVELS:
             raise ValueError(

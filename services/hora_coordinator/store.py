@@ -10,12 +10,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from .errors import InvalidRequestError, KeyTimeoutError, OutOfRangeError, UnknownError
+from .errors import (
+    InvalidRequestError,
+    KeyTimeoutError,
+    OutOfRangeError,
+    UnknownError,
+    shown_id,
+)
 
 __all__ = ["KeyValueStore"]
 
 # Add's integers travel as int64 (StoreAddRequest.amount, StoreAddResponse.value).
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# A Wait that times out names this many of its missing keys, then counts the rest.
+_KEYS_SHOWN = 8
 
 
 class KeyValueStore:
@@ -92,7 +100,9 @@ class KeyValueStore:
         try:
             return self._data[key]
         except KeyError:
-            raise UnknownError(f"key '{key}' is not set in job '{self.job_id}'") from None
+            raise UnknownError(
+                f"key '{shown_id(key)}' is not set in job '{self.job_id}'"
+            ) from None
 
     async def get(self, key: str, timeout_s: float) -> bytes:
         """The value of ``key``, waiting up to ``timeout_s`` for it (0: answer at once).
@@ -140,7 +150,9 @@ class KeyValueStore:
 
     def _timeout(self, keys: Sequence[str], timeout_s: float) -> KeyTimeoutError:
         missing = [k for k in keys if k not in self._data]
-        names = ", ".join(f"'{k}'" for k in missing)
+        names = ", ".join(f"'{shown_id(k)}'" for k in missing[:_KEYS_SHOWN])
+        if len(missing) > _KEYS_SHOWN:
+            names += f" and {len(missing) - _KEYS_SHOWN} more"
         noun = "key" if len(missing) == 1 else "keys"
         return KeyTimeoutError(
             f"{noun} {names} of job '{self.job_id}' not set within {timeout_s * 1000:.0f} ms"
@@ -162,11 +174,11 @@ class KeyValueStore:
             value = int(raw.decode("ascii")) + amount
         except (UnicodeDecodeError, ValueError):
             raise InvalidRequestError(
-                f"key '{key}' holds {raw[:32]!r}, which is not a decimal integer"
+                f"key '{shown_id(key)}' holds {raw[:32]!r}, which is not a decimal integer"
             ) from None
         if not _INT64_MIN <= value <= _INT64_MAX:
             raise OutOfRangeError(
-                f"adding {amount} to key '{key}' of job '{self.job_id}' gives a value "
+                f"adding {amount} to key '{shown_id(key)}' of job '{self.job_id}' gives a value "
                 f"outside int64; the key keeps {raw[:32]!r}"
             )
         digits = str(value).encode("ascii")

@@ -20,12 +20,12 @@ coordinator itself stood still does not count (:meth:`SetCalls.shift`).
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import CallTimeoutError, CoordinatorError, RankGoneError
 from ..messages import Response
-from .validation import format_ranks
+from .validation import QUOTE_LIMIT, clipped, format_ranks, listing
 
 __all__ = [
     "NOT_ADDED",
@@ -41,11 +41,9 @@ __all__ = [
 NOT_ADDED = -1
 
 # An error message travels in a gRPC trailer, which holds some 8 KiB (past that
-# the caller gets RESOURCE_EXHAUSTED instead of the error): a message quotes at
-# most QUOTE_LIMIT characters of any one rank's text, and lists ranks for at
-# most LISTING_BUDGET characters before it only counts the rest.
-QUOTE_LIMIT = 200
-LISTING_BUDGET = 2000
+# the caller gets RESOURCE_EXHAUSTED instead of the error): it quotes each
+# rank's text clipped and lists ranks within a budget (validation.clipped,
+# validation.listing).
 
 
 class SetCallKind(enum.Enum):
@@ -89,31 +87,13 @@ class SetCall:
 
 
 def show_ranks(ranks: Sequence[int]) -> str:
-    """``[0, 2, 5]``, cut after :data:`QUOTE_LIMIT` characters (ending in "…")."""
+    """``[0, 2, 5]``, cut after :data:`~.validation.QUOTE_LIMIT` characters (ending in "…")."""
     text = "["
     for i, rank in enumerate(ranks):
         text += f", {rank}" if i else str(rank)
         if len(text) > QUOTE_LIMIT:
-            return _clipped(text)
+            return clipped(text)
     return text + "]"
-
-
-def _clipped(text: str) -> str:
-    return text if len(text) <= QUOTE_LIMIT else text[:QUOTE_LIMIT] + "…"
-
-
-def _listing(items: Iterable[str], count: int) -> str:
-    """The first of ``count`` items joined by "; ", until :data:`LISTING_BUDGET`
-    characters are spent; then how many ranks are left out."""
-    shown: list[str] = []
-    used = 0
-    for item in items:
-        used += len(item) + 2
-        if shown and used > LISTING_BUDGET:
-            more = count - len(shown)
-            return "; ".join(shown) + f"; and {more} more rank{'s' if more > 1 else ''}"
-        shown.append(item)
-    return "; ".join(shown)
 
 
 @dataclass(frozen=True)
@@ -154,12 +134,12 @@ def disagreement(calls: Sequence[SetCall]) -> str | None:
     name = calls[0].kind.value
     invalid = [c for c in calls if c.invalid]
     if invalid:
-        problems = (f"rank {c.rank}: {_clipped(c.invalid)}" for c in invalid)
-        return f"{name} failed on every rank because of " + _listing(problems, len(invalid))
+        problems = (f"rank {c.rank}: {clipped(c.invalid)}" for c in invalid)
+        return f"{name} failed on every rank because of " + listing(problems, len(invalid))
     if all(c.argument() == calls[0].argument() for c in calls):
         return None
     with_id = any(c.process_set_id != calls[0].process_set_id for c in calls)
-    shown = _listing((f"rank {c.rank}: {c.shown(with_id)}" for c in calls), len(calls))
+    shown = listing((f"rank {c.rank}: {c.shown(with_id)}" for c in calls), len(calls))
     return f"ranks called {name} with different sets: {shown}"
 
 

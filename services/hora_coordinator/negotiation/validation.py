@@ -1,25 +1,38 @@
 """Do the ranks agree? Checks of the requests every rank sent for one tensor.
 
 Each check returns the error text every rank will see, or None; the texts
-name the tensor, the field and the ranks grouped by what they sent.
+name the tensor, the field and the ranks grouped by what they sent. Every
+rank gets the text, so it stays a few KiB however many ranks sent however
+long a value: each value quoted is clipped (:func:`clipped`), and lists stop
+at a budget and count the rest (:func:`listing`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..messages import OpType, ReduceOp
 from .pending import PendingTensor
 
 __all__ = [
+    "LISTING_BUDGET",
+    "QUOTE_LIMIT",
     "alltoall_splits",
+    "clipped",
     "format_ranks",
     "format_value",
     "invalid_calls",
+    "listing",
     "mismatch_message",
     "op_name",
     "validate",
 ]
+
+#: Most characters of any one value (a rank's text, a dtype, a rank list) an
+#: error message quotes.
+QUOTE_LIMIT = 200
+#: Characters a list in an error message may take before it counts the rest.
+LISTING_BUDGET = 2000
 
 # Ops whose shapes must agree exactly, and ops where only the first dimension may differ.
 _SAME_SHAPE = frozenset({OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER})
@@ -41,6 +54,25 @@ _AGREED_FIELDS = (
     "group_id",
     "group_size",
 )
+
+
+def clipped(text: str) -> str:
+    """``text``, cut after :data:`QUOTE_LIMIT` characters (ending in "…")."""
+    return text if len(text) <= QUOTE_LIMIT else text[:QUOTE_LIMIT] + "…"
+
+
+def listing(items: Iterable[str], count: int, noun: str = "rank", sep: str = "; ") -> str:
+    """The first of ``count`` items joined by ``sep``, until :data:`LISTING_BUDGET`
+    characters are spent; then how many are left out ("and 3 more ranks")."""
+    shown: list[str] = []
+    used = 0
+    for item in items:
+        used += len(item) + len(sep)
+        if shown and used > LISTING_BUDGET:
+            more = count - len(shown)
+            return sep.join(shown) + f"{sep}and {more} more {noun}{'s' if more > 1 else ''}"
+        shown.append(item)
+    return sep.join(shown)
 
 
 def format_ranks(ranks: Sequence[int]) -> str:
@@ -84,15 +116,22 @@ def format_value(field_name: str, value: object) -> str:
 
 
 def mismatch_message(name: str, what: str, values: dict[int, str]) -> str:
-    """``tensor 'NAME': mismatched WHAT: rank 0 A, rank 1 B``; ranks grouped by value."""
+    """``tensor 'NAME': mismatched WHAT: rank 0 A, rank 1 B``; ranks grouped by value.
+
+    Each group's ranks and value are clipped, and past :data:`LISTING_BUDGET`
+    the rest of the groups are counted (", and 5 more values").
+    """
     by_value: dict[str, list[int]] = {}
     for rank in sorted(values):
         by_value.setdefault(values[rank], []).append(rank)
-    parts = [
-        f"{'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks)} {value}"
+    parts = (
+        f"{'rank' if len(ranks) == 1 else 'ranks'} {clipped(format_ranks(ranks))} "
+        f"{clipped(value)}"
         for value, ranks in by_value.items()
-    ]
-    return f"tensor '{name}': mismatched {what}: " + ", ".join(parts)
+    )
+    return f"tensor '{name}': mismatched {what}: " + listing(
+        parts, len(by_value), "value", ", "
+    )
 
 
 def op_name(op: int) -> str:
@@ -106,8 +145,8 @@ def invalid_calls(tensor: PendingTensor) -> str | None:
     said = [(r, text) for r, text in said if text]
     if not said:
         return None
-    return f"tensor '{tensor.name}': invalid call on " + "; ".join(
-        f"rank {r}: {text}" for r, text in said
+    return f"tensor '{tensor.name}': invalid call on " + listing(
+        (f"rank {r}: {clipped(text)}" for r, text in said), len(said)
     )
 
 
@@ -185,7 +224,7 @@ def alltoall_splits(tensor: PendingTensor) -> list[int] | str:
         elif any(s < 0 for s in splits) or sum(splits) != first_dim:
             return (
                 f"tensor '{tensor.name}': rank {r} splits "
-                f"{format_value('splits', tuple(splits))} sum to {sum(splits)} but its "
+                f"{clipped(format_value('splits', tuple(splits)))} sum to {sum(splits)} but its "
                 f"first dimension is {first_dim}"
             )
         matrix.extend(splits)

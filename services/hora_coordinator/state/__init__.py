@@ -30,7 +30,8 @@ keep their lease (heartbeats renew it) until they re-join; one whose lease
 runs out is LOST and no longer expected.
 
 Every transition also appends to the job's event log (:class:`JobEvent`),
-bounded to the last :data:`EVENT_LOG_LIMIT` entries.
+bounded to the last ``max_events_per_job`` entries (:data:`EVENT_LOG_LIMIT` by
+default); the job counts the ones it dropped.
 
 The package's modules, one per stage: :mod:`.job` (the records),
 :mod:`.effects` (what a transition asks the coordinator to do),
@@ -53,6 +54,7 @@ from .generations import elastic_order, order_joiners
 from .job import (
     DEFAULT_ELASTIC_TIMEOUT_S,
     EVENT_LOG_LIMIT,
+    TEXT_LIMIT,
     ElasticBounds,
     Job,
     JobConfig,
@@ -88,6 +90,7 @@ from .views import (
 __all__ = [
     "DEFAULT_ELASTIC_TIMEOUT_S",
     "EVENT_LOG_LIMIT",
+    "TEXT_LIMIT",
     "Admit",
     "Answer",
     "Effect",

@@ -10,7 +10,7 @@ from ..messages import EventType
 from .effects import Effect, Log, Reject, Send, event_message, send_by_rank
 from .elastic import end_generation
 from .generations import fail_job, maybe_form
-from .job import Job, JobPhase, Member, MemberState, Round, record
+from .job import Job, JobPhase, Member, MemberState, Round, kept_text, record
 from .process_sets import abandon_set_calls
 from .rendezvous import cancel_join
 
@@ -35,7 +35,10 @@ def leave(job: Job, worker_id: str, reason: str, now: float, rejoin: bool = Fals
     With ``rejoin`` (elastic jobs only; ignored otherwise) the member leaves
     this generation only: the generation is over, and the next round expects
     the leaver (and every other member still alive) to Join again.
+
+    The reason is kept cut to :data:`~.job.TEXT_LIMIT` characters.
     """
+    reason = kept_text(reason)
     rejoin = rejoin and job.elastic is not None
     rnd = job.round
     if rnd is not None and worker_id in rnd.joiners:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import deque
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from ..negotiation import NegotiationTable
 __all__ = [
     "DEFAULT_ELASTIC_TIMEOUT_S",
     "EVENT_LOG_LIMIT",
+    "TEXT_LIMIT",
     "ElasticBounds",
     "Job",
     "JobConfig",
@@ -21,15 +23,22 @@ __all__ = [
     "Member",
     "MemberState",
     "Round",
+    "kept_text",
     "new_job",
     "new_joiner",
     "record",
+    "record_event",
     "round_config",
 ]
 
 
-#: Events a job keeps; older ones are dropped first.
+#: Events a job keeps by default (settings ``max_events_per_job``); older ones
+#: are dropped first.
 EVENT_LOG_LIMIT = 10_000
+#: Most characters of free text a job keeps from a request (an event's
+#: message, a Leave's reason); more is cut ("…"). With the events kept per job
+#: bounded too, so is the memory its log takes.
+TEXT_LIMIT = 1024
 #: How long an elastic round waits for min_size workers when the first joiner
 #: sent ``elastic_timeout_ms`` 0 (Horovod's default elastic timeout).
 DEFAULT_ELASTIC_TIMEOUT_S = 600.0
@@ -189,6 +198,8 @@ class Job:
     # Rebuilt from members' reports after a coordinator restart without a
     # journal: the event log starts again there.
     history_restarted: bool = False
+    # Events the bounded log dropped (the oldest first) to keep its length.
+    events_dropped: int = 0
 
     @property
     def size(self) -> int:
@@ -206,9 +217,24 @@ class Job:
         )
 
 
-def new_job(job_id: str, now: float) -> Job:
-    """A job nobody has joined yet."""
-    return Job(job_id=job_id, created_at=now)
+def new_job(job_id: str, now: float, max_events: int = EVENT_LOG_LIMIT) -> Job:
+    """A job nobody has joined yet, whose log keeps the last ``max_events`` events."""
+    return Job(job_id=job_id, created_at=now, events=deque(maxlen=max_events))
+
+
+def kept_text(text: str) -> str:
+    """``text`` as a job keeps it: at most :data:`TEXT_LIMIT` characters ("…" if cut)."""
+    return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + "…"
+
+
+def record_event(job: Job, event: JobEvent) -> None:
+    """Appends ``event`` to the job's log, its message cut to :data:`TEXT_LIMIT`;
+    past the log's bound the oldest event goes, and is counted."""
+    if len(event.message) > TEXT_LIMIT:
+        event = dataclasses.replace(event, message=kept_text(event.message))
+    if len(job.events) == job.events.maxlen:
+        job.events_dropped += 1
+    job.events.append(event)
 
 
 def record(
@@ -220,12 +246,11 @@ def record(
     rank: int = -1,
     host: str = "",
 ) -> None:
-    """Appends one event to the job's log (the deque drops the oldest past the limit)."""
+    """Appends one event to the job's log (:func:`record_event`)."""
     host, pid = (member.host, member.pid) if member is not None else (host, 0)
     if isinstance(member, Member):
         rank = member.rank
-    job.events.append(JobEvent(int(now * 1000), kind, job.generation, rank, host, pid, message))
-    job.event_count += 1
+    record_event(job, JobEvent(int(now * 1000), kind, job.generation, rank, host, pid, message))
 
 
 def round_config(request: JoinRequest, size: int) -> JobConfig:

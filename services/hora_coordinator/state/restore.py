@@ -23,13 +23,13 @@ from ..messages import ReattachRequest
 from ..negotiation import NegotiationTable
 from .effects import Effect, Log
 from .elastic import elastic_bounds_of
-from .job import Job, JobPhase, Member, MemberState, new_job, record, round_config
+from .job import EVENT_LOG_LIMIT, Job, JobPhase, Member, MemberState, new_job, record, round_config
 
 __all__ = ["reattach", "restore_job"]
 
 
-def restore_job(request: ReattachRequest, now: float) -> Job:
-    """A running job rebuilt from one member's report.
+def restore_job(request: ReattachRequest, now: float, max_events: int = EVENT_LOG_LIMIT) -> Job:
+    """A running job rebuilt from one member's report (its log keeps ``max_events``).
 
     Raises:
         InvalidRequestError: the report is not a consistent world (ranks not
@@ -55,7 +55,7 @@ def restore_job(request: ReattachRequest, now: float) -> Job:
         raise InvalidRequestError(
             f"worker {join.worker_id} reports rank {request.rank}, which another worker holds"
         )
-    job = new_job(join.job_id, now)
+    job = new_job(join.job_id, now, max_events)
     job.elastic = elastic_bounds_of(job, join)
     job.arrivals = size
     job.generation = request.generation

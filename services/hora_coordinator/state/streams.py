@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import JobFailedError, PreconditionError, StaleGenerationError
+from ..errors import JobFailedError, PreconditionError, StaleGenerationError, shown_id
 from ..messages import CoordinatorMessage, ErrorKind, Response, ResponseType, TensorRequest
 from .effects import Effect, Send, responses_message
 from .job import Job, JobPhase, Member, MemberState
@@ -47,7 +47,7 @@ def active_member(job: Job, worker_id: str, generation: int) -> Member:
     member = job.by_worker.get(worker_id)
     if member is None or member.state is not MemberState.ACTIVE:
         raise PreconditionError(
-            f"worker {worker_id} is not an active member of job "
+            f"worker {shown_id(worker_id)} is not an active member of job "
             f"'{job.job_id}' generation {generation}"
         )
     return member

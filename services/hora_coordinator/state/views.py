@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InvalidRequestError, UnknownError
+from ..errors import InvalidRequestError, UnknownError, shown_id
 from ..messages import JobState
 from .job import Job, JobEvent, JobPhase, Member, MemberState, record
 
@@ -127,7 +127,8 @@ def get_world(job: Job, worker_id: str) -> WorldView:
     member = job.by_worker.get(worker_id)
     if member is None:
         raise UnknownError(
-            f"worker {worker_id} is not a member of job '{job.job_id}' generation {job.generation}"
+            f"worker {shown_id(worker_id)} is not a member of job '{job.job_id}' "
+            f"generation {job.generation}"
         )
     return world_view(job, member)
 
