@@ -235,6 +235,7 @@ def record_event(job: Job, event: JobEvent) -> None:
     if len(job.events) == job.events.maxlen:
         job.events_dropped += 1
     job.events.append(event)
+    job.event_count += 1
 
 
 def record(
