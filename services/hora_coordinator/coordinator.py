@@ -48,6 +48,9 @@ __all__ = ["Coordinator", "Outbox", "STREAM_END"]
 
 logger = logging.getLogger("hora_coordinator")
 
+#: Least time members of a job restored after a coordinator restart have to
+#: re-attach before they are lost (seconds).
+REATTACH_WINDOW_S = 10.0
 # Put on an outbox to end the stream that drains it.
 STREAM_END = None
 Outbox = asyncio.Queue  # of npb.CoordinatorMessage | None
@@ -105,12 +108,26 @@ class Coordinator:
             self.stores[job.job_id] = self._new_store(job.job_id,
                                                       restored.stores.get(job.job_id))
             self._journaled[job.job_id] = _fingerprint(job)
+            self._await_reattach(job)
             if job.phase is state.JobPhase.RUNNING:
                 logger.info("job '%s': generation %d restored from the journal; its %d "
                             "member(s) must re-attach within %g s", shown_id(job.job_id),
-                            job.generation, len(job.active_worker_ids()), self._lease_s)
+                            job.generation, len(job.active_worker_ids()),
+                            self._reattach_window_s())
         if restored.jobs:
             logger.info("hora-coordinator: %d job(s) restored from the journal", len(self.jobs))
+
+    def _reattach_window_s(self) -> float:
+        """How long members of a job restored after a restart have to re-attach: a
+        lease, and at least :data:`REATTACH_WINDOW_S` (they find the new coordinator
+        by reconnecting with backoff, which a short lease would not wait for)."""
+        return max(self._lease_s, REATTACH_WINDOW_S)
+
+    def _await_reattach(self, job: state.Job) -> None:
+        """Gives every member of a restored job the re-attach window from now."""
+        until = self.clock() + self._reattach_window_s() - self._lease_s
+        for member in job.members:
+            member.last_heartbeat = max(member.last_heartbeat, until)
 
     def _persist(self, job: state.Job) -> None:
         """Writes the job to the journal when a transition changed what it keeps."""
@@ -231,6 +248,7 @@ class Coordinator:
                     f"job '{shown_id(request.join.job_id)}' cannot be restored"
                 )
             job = state.restore_job(request, self.clock(), self.settings.max_events_per_job)
+            self._await_reattach(job)
         effects = state.reattach(job, request, self.clock())
         if restored:
             self.jobs[job.job_id] = job
@@ -238,7 +256,8 @@ class Coordinator:
             logger.warning(
                 "job '%s': generation %d restored from the report of worker %s (no journal "
                 "held it); its other members must re-attach within %g s",
-                shown_id(job.job_id), job.generation, request.join.worker_id, self._lease_s)
+                shown_id(job.job_id), job.generation, request.join.worker_id,
+                self._reattach_window_s())
         # A stream of the generation may open again: its outbox is fresh.
         self._outboxes.setdefault((job.job_id, request.join.worker_id), asyncio.Queue())
         self.apply(job, effects)
