@@ -20,6 +20,10 @@ Exported series::
     hora_stream_outboxes{job_id}              outboxes held for members (one per open or
                                               not yet opened stream)
     hora_stream_queued_messages{job_id}       messages waiting in them, not yet sent
+    hora_heartbeats_total{job_id,transport}   heartbeats answered: "unary" calls, and on
+                                              negotiation streams ("stream")
+    hora_lease_seconds{job_id}                the job's lease, sized to the load
+    hora_heartbeat_interval_seconds{job_id}   how often its members renew it
 
 Every state label value is always present (0 when empty), so a series does
 not vanish when its last member or job moves on.
@@ -102,6 +106,21 @@ class CoordinatorCollector(Collector):
             "Messages waiting in the job's outboxes, not yet written to a stream.",
             labels=["job_id"],
         )
+        heartbeats = CounterMetricFamily(
+            "hora_heartbeats",
+            "Heartbeats of the job's members answered, by transport (unary calls, streams).",
+            labels=["job_id", "transport"],
+        )
+        lease = GaugeMetricFamily(
+            "hora_lease_seconds",
+            "How long the job's members live without a heartbeat (sized to the load).",
+            labels=["job_id"],
+        )
+        interval = GaugeMetricFamily(
+            "hora_heartbeat_interval_seconds",
+            "How often the job's members are asked to heartbeat (sized to the load).",
+            labels=["job_id"],
+        )
         by_phase = dict.fromkeys(state.JobPhase, 0)
         held = self._coordinator.outbox_counts()
         for job in self._coordinator.jobs.values():
@@ -110,6 +129,12 @@ class CoordinatorCollector(Collector):
             outboxes.add_metric([job.job_id], boxes)
             queued.add_metric([job.job_id], waiting)
             by_phase[job.phase] += 1
+            for transport in ("unary", "stream"):
+                count = self._coordinator.heartbeats.get((job.job_id, transport), 0)
+                heartbeats.add_metric([job.job_id, transport], count)
+            job_lease = self._coordinator.lease_of(job)
+            lease.add_metric([job.job_id], job_lease.lease_s)
+            interval.add_metric([job.job_id], job_lease.interval_s)
             messages.add_metric([job.job_id], job.negotiation_messages)
             tensors.add_metric([job.job_id], job.negotiated_tensors)
             errors.add_metric([job.job_id], job.errors)
@@ -120,7 +145,7 @@ class CoordinatorCollector(Collector):
         for phase, count in by_phase.items():
             jobs.add_metric([phase.value], count)
         yield from (messages, tensors, errors, generation, resets, members, jobs)
-        yield from (sent, outboxes, queued)
+        yield from (sent, outboxes, queued, heartbeats, lease, interval)
 
 
 def _member_counts(job: state.Job) -> dict[state.MemberState, int]:
