@@ -58,6 +58,8 @@ class Stream(Protocol):
 
     def send(self, request: negotiation_pb2.TensorRequest) -> None: ...
 
+    def heartbeat(self, sequence: int) -> None: ...
+
     def __iter__(self) -> Iterator[negotiation_pb2.CoordinatorMessage]: ...
 
     def close(self) -> None: ...
@@ -360,6 +362,11 @@ class NegotiationStream:
     def send(self, request: negotiation_pb2.TensorRequest) -> None:
         """Queues one tensor request for the coordinator."""
         self._queue.put(request)
+
+    def heartbeat(self, sequence: int) -> None:
+        """Queues a heartbeat; its answer comes back on the stream, in order."""
+        self._queue.put(negotiation_pb2.WorkerMessage(
+            heartbeat=negotiation_pb2.StreamHeartbeat(sequence=sequence)))
 
     def __iter__(self) -> Iterator[negotiation_pb2.CoordinatorMessage]:
         """Yields coordinator messages until the stream ends.

@@ -1,6 +1,7 @@
 """The negotiation stream: requests to the coordinator, its answers back.
 
-:meth:`Negotiator.send` puts a request on the stream. The reader thread
+:meth:`Negotiator.send` puts a request on the stream, :meth:`Negotiator.heartbeat`
+a heartbeat (whose answer goes to the liveness thread). The reader thread
 receives ordered response lists and events. Error responses complete their
 handles at once (they move no bytes, and some go to one rank only, so they
 must not take part in the rounds every rank counts); the global set's lists
@@ -35,22 +36,29 @@ class Negotiator:
     Args:
         on_global_list: takes one of the global set's response lists (the
             agreement rounds run them).
+        on_heartbeat: takes the answer to a heartbeat sent with :meth:`heartbeat`.
     """
 
     def __init__(self, settings: Settings, client: CoordinatorLink, generation: int,
                  rank: int, pending: Pending, executor: Executor, sets: ProcessSets,
-                 on_global_list: Callable[[ResponseList], None]) -> None:
+                 on_global_list: Callable[[ResponseList], None],
+                 on_heartbeat: Callable[[negotiation_pb2.StreamHeartbeatAnswer], None]) -> None:
         self._settings = settings
         self._rank = rank
         self._pending = pending
         self._executor = executor
         self._sets = sets
         self._on_global_list = on_global_list
+        self._on_heartbeat = on_heartbeat
         self._stream = client.open_stream(generation)
         self.thread = threading.Thread(target=self._read_loop, name="hora-reader", daemon=True)
 
     def send(self, request: negotiation_pb2.TensorRequest) -> None:
         self._stream.send(request)
+
+    def heartbeat(self, sequence: int) -> None:
+        """Renews this member's lease on the stream; the answer goes to ``on_heartbeat``."""
+        self._stream.heartbeat(sequence)
 
     def close(self) -> None:
         self._stream.close()
@@ -63,6 +71,8 @@ class Negotiator:
                     self._dispatch(message.responses.responses)
                 elif kind == "event":
                     self._on_event(message.event)
+                elif kind == "heartbeat":
+                    self._on_heartbeat(message.heartbeat)
         except CoordinatorError as exc:
             if not self._pending.stopping.is_set():
                 self._pending.fail(HorovodInternalError(f"lost the coordinator: {exc}"))
