@@ -41,7 +41,7 @@ from .errors import (
 )
 from .settings import Settings
 
-__all__ = ["CoordinatorClient", "NegotiationStream", "StoreKeyError"]
+__all__ = ["CoordinatorClient", "NegotiationStream", "StoreKeyError", "stream_messages"]
 
 log = logging.getLogger("hora.client")
 
@@ -317,6 +317,38 @@ class CoordinatorClient:
 _CLOSE = object()
 
 
+def stream_messages(items: queue.SimpleQueue[Any]) -> Iterator[negotiation_pb2.WorkerMessage]:
+    """What goes on a negotiation stream, from what its callers queued, until ``_CLOSE``.
+
+    Tensor requests queued while a send was under way go out as one RequestList;
+    a message queued whole (the open, a heartbeat) goes out as it is, in its
+    place: after the requests queued before it, before those queued after.
+    """
+    while True:
+        item = items.get()
+        if item is _CLOSE:
+            return
+        if isinstance(item, negotiation_pb2.WorkerMessage):
+            yield item
+            continue
+        batch = [item]
+        after: object = None  # what ended the batch: a whole message, or the end
+        while True:
+            try:
+                more = items.get_nowait()
+            except queue.Empty:
+                break
+            if more is _CLOSE or isinstance(more, negotiation_pb2.WorkerMessage):
+                after = more
+                break
+            batch.append(more)
+        yield negotiation_pb2.WorkerMessage(requests=negotiation_pb2.RequestList(requests=batch))
+        if after is _CLOSE:
+            return
+        if isinstance(after, negotiation_pb2.WorkerMessage):
+            yield after
+
+
 class NegotiationStream:
     """The bidirectional negotiation stream of one worker and generation.
 
@@ -336,28 +368,7 @@ class NegotiationStream:
             self._requests(), metadata=client._metadata)
 
     def _requests(self) -> Iterator[negotiation_pb2.WorkerMessage]:
-        while True:
-            item = self._queue.get()
-            if item is _CLOSE:
-                return
-            if isinstance(item, negotiation_pb2.WorkerMessage):
-                yield item
-                continue
-            batch = [item]
-            while True:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _CLOSE:
-                    yield self._wrap(batch)
-                    return
-                batch.append(more)
-            yield self._wrap(batch)
-
-    @staticmethod
-    def _wrap(batch: list[negotiation_pb2.TensorRequest]) -> negotiation_pb2.WorkerMessage:
-        return negotiation_pb2.WorkerMessage(requests=negotiation_pb2.RequestList(requests=batch))
+        return stream_messages(self._queue)
 
     def send(self, request: negotiation_pb2.TensorRequest) -> None:
         """Queues one tensor request for the coordinator."""

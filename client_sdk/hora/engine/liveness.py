@@ -16,6 +16,7 @@ tensors it never sees are checked here.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -81,6 +82,10 @@ class Liveness:
         self.note(answer.state)
 
     def _loop(self) -> None:
+        # The ranks of a job start together: a random first phase keeps their
+        # heartbeats from reaching the coordinator in one burst every interval.
+        if self._pending.stopping.wait(random.uniform(0.5, 1.0) * self._interval):
+            return
         while not self._pending.stopping.wait(self._interval):
             send = self._send_on_stream
             if send is not None:
