@@ -42,7 +42,7 @@ from .errors import (
 )
 from .settings import Settings
 
-__all__ = ["CoordinatorClient", "NegotiationStream", "StoreKeyError"]
+__all__ = ["CoordinatorClient", "NegotiationStream", "StoreKeyError", "stream_messages"]
 
 log = logging.getLogger("hora.client")
 
@@ -74,6 +74,8 @@ class Stream(Protocol):
     """A negotiation stream as the engine uses it."""
 
     def send(self, request: negotiation_pb2.TensorRequest) -> None: ...
+
+    def heartbeat(self, sequence: int) -> None: ...
 
     def __iter__(self) -> Iterator[negotiation_pb2.CoordinatorMessage]: ...
 
@@ -468,6 +470,41 @@ _STREAM_BROKE = frozenset({
 _BATCH_BYTES = 1024 * 1024
 
 
+def stream_messages(items: queue.SimpleQueue[Any]) -> Iterator[negotiation_pb2.WorkerMessage]:
+    """What goes on a negotiation stream, from what its callers queued, until ``_CLOSE``.
+
+    Tensor requests queued while a send was under way go out as one RequestList
+    (of about ``_BATCH_BYTES`` at most);
+    a message queued whole (the open, a heartbeat) goes out as it is, in its
+    place: after the requests queued before it, before those queued after.
+    """
+    while True:
+        item = items.get()
+        if item is _CLOSE:
+            return
+        if isinstance(item, negotiation_pb2.WorkerMessage):
+            yield item
+            continue
+        batch = [item]
+        size = item.ByteSize()
+        after: object = None  # what ended the batch: a whole message, or the end
+        while size < _BATCH_BYTES:
+            try:
+                more = items.get_nowait()
+            except queue.Empty:
+                break
+            if more is _CLOSE or isinstance(more, negotiation_pb2.WorkerMessage):
+                after = more
+                break
+            batch.append(more)
+            size += more.ByteSize()
+        yield negotiation_pb2.WorkerMessage(requests=negotiation_pb2.RequestList(requests=batch))
+        if after is _CLOSE:
+            return
+        if isinstance(after, negotiation_pb2.WorkerMessage):
+            yield after
+
+
 class NegotiationStream:
     """The bidirectional negotiation stream of one worker and generation.
 
@@ -488,34 +525,16 @@ class NegotiationStream:
             self._requests(), metadata=client._metadata)
 
     def _requests(self) -> Iterator[negotiation_pb2.WorkerMessage]:
-        while True:
-            item = self._queue.get()
-            if item is _CLOSE:
-                return
-            if isinstance(item, negotiation_pb2.WorkerMessage):
-                yield item
-                continue
-            batch = [item]
-            size = item.ByteSize()
-            while size < _BATCH_BYTES:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _CLOSE:
-                    yield self._wrap(batch)
-                    return
-                batch.append(more)
-                size += more.ByteSize()
-            yield self._wrap(batch)
-
-    @staticmethod
-    def _wrap(batch: list[negotiation_pb2.TensorRequest]) -> negotiation_pb2.WorkerMessage:
-        return negotiation_pb2.WorkerMessage(requests=negotiation_pb2.RequestList(requests=batch))
+        return stream_messages(self._queue)
 
     def send(self, request: negotiation_pb2.TensorRequest) -> None:
         """Queues one tensor request for the coordinator."""
         self._queue.put(request)
+
+    def heartbeat(self, sequence: int) -> None:
+        """Queues a heartbeat; its answer comes back on the stream, in order."""
+        self._queue.put(negotiation_pb2.WorkerMessage(
+            heartbeat=negotiation_pb2.StreamHeartbeat(sequence=sequence)))
 
     def __iter__(self) -> Iterator[negotiation_pb2.CoordinatorMessage]:
         """Yields coordinator messages until the stream ends.

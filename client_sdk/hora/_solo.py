@@ -104,6 +104,12 @@ class SoloStream:
     def send(self, request: negotiation_pb2.TensorRequest) -> None:
         self.deliver(self._client.submit(request))
 
+    def heartbeat(self, sequence: int) -> None:
+        """Answered at once: the job of one runs as long as this process does."""
+        self.deliver([negotiation_pb2.CoordinatorMessage(
+            heartbeat=negotiation_pb2.StreamHeartbeatAnswer(
+                sequence=sequence, state=self._client.heartbeat(1)))])
+
     def deliver(self, messages: list[negotiation_pb2.CoordinatorMessage]) -> None:
         for message in messages:
             self._queue.put(message)

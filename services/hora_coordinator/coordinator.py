@@ -83,7 +83,15 @@ class Coordinator:
         self.stores: dict[str, KeyValueStore] = {}
         self.serving = False
         self.closing = False
-        self._lease_s = settings.lease.total_seconds()
+        self.lease_policy = state.LeasePolicy(
+            shortest_lease_s=settings.lease.total_seconds(),
+            shortest_interval_s=settings.heartbeat_interval.total_seconds(),
+            heartbeats_per_s=settings.heartbeat_budget,
+        )
+        # Each job's lease, sized to the load at the last periodic check.
+        self.leases: dict[str, state.Lease] = {}
+        # Heartbeats answered, by job and transport ("unary", "stream"; what /metrics reports).
+        self.heartbeats: dict[tuple[str, str], int] = {}
         self._joins: dict[tuple[str, str], asyncio.Future[rpb.WorldView]] = {}
         # Waiting AddProcessSet / RemoveProcessSet calls, by job, worker and kind.
         self._set_calls: dict[tuple[str, str, SetCallKind], asyncio.Future[None]] = {}
@@ -113,19 +121,20 @@ class Coordinator:
                 logger.info("job '%s': generation %d restored from the journal; its %d "
                             "member(s) must re-attach within %g s", shown_id(job.job_id),
                             job.generation, len(job.active_worker_ids()),
-                            self._reattach_window_s())
+                            self._reattach_window_s(job))
         if restored.jobs:
             logger.info("hora-coordinator: %d job(s) restored from the journal", len(self.jobs))
 
-    def _reattach_window_s(self) -> float:
+    def _reattach_window_s(self, job: state.Job) -> float:
         """How long members of a job restored after a restart have to re-attach: a
         lease, and at least :data:`REATTACH_WINDOW_S` (they find the new coordinator
         by reconnecting with backoff, which a short lease would not wait for)."""
-        return max(self._lease_s, REATTACH_WINDOW_S)
+        return max(self.lease_of(job).lease_s, REATTACH_WINDOW_S)
 
     def _await_reattach(self, job: state.Job) -> None:
         """Gives every member of a restored job the re-attach window from now."""
-        until = self.clock() + self._reattach_window_s() - self._lease_s
+        lease_s = self.lease_of(job).lease_s
+        until = self.clock() + self._reattach_window_s(job) - lease_s
         for member in job.members:
             member.last_heartbeat = max(member.last_heartbeat, until)
 
@@ -257,7 +266,7 @@ class Coordinator:
                 "job '%s': generation %d restored from the report of worker %s (no journal "
                 "held it); its other members must re-attach within %g s",
                 shown_id(job.job_id), job.generation, request.join.worker_id,
-                self._reattach_window_s())
+                self._reattach_window_s(job))
         # A stream of the generation may open again: its outbox is fresh.
         self._outboxes.setdefault((job.job_id, request.join.worker_id), asyncio.Queue())
         self.apply(job, effects)
@@ -270,9 +279,29 @@ class Coordinator:
         self._forget_if_abandoned(job)
 
     def heartbeat(self, job_id: str, worker_id: str) -> state.HeartbeatReply:
-        """Renews a member's lease."""
-        job = self.job(job_id)
-        return state.heartbeat(job, worker_id, self.clock(), self._lease_s)
+        """Renews a member's lease; the reply says how often to renew it."""
+        return self._heartbeat(self.job(job_id), worker_id, "unary")
+
+    def stream_heartbeat(self, job_id: str, worker_id: str, generation: int,
+                         sequence: int) -> None:
+        """A heartbeat on a member's negotiation stream: renews its lease and queues
+        the answer on that stream (not counted as a negotiation message)."""
+        outbox = self._open_streams.get((job_id, worker_id, generation))
+        job = self.jobs.get(job_id)
+        if outbox is None or job is None:
+            return
+        answer = state.StreamHeartbeatAnswer(sequence, self._heartbeat(job, worker_id, "stream"))
+        outbox.put_nowait(wire.coordinator_message_pb(CoordinatorMessage(heartbeat=answer)))
+
+    def lease_of(self, job: state.Job) -> state.Lease:
+        """The job's lease and heartbeat interval, sized to the load."""
+        return self.leases.get(job.job_id) or self.lease_policy.fastest
+
+    def _heartbeat(self, job: state.Job, worker_id: str, transport: str) -> state.HeartbeatReply:
+        lease = self.lease_of(job)
+        key = (job.job_id, transport)
+        self.heartbeats[key] = self.heartbeats.get(key, 0) + 1
+        return state.heartbeat(job, worker_id, self.clock(), lease.lease_s, lease.interval_s)
 
     def get_world(self, job_id: str, worker_id: str) -> state.WorldView:
         """A member's current view."""
@@ -413,13 +442,17 @@ class Coordinator:
     # ---- periodic check ---------------------------------------------------------------
 
     def check(self) -> None:
-        """Expires leases and reports stalled tensors of every running job, and
-        runs the deadlines of every elastic round that gathers."""
+        """Sizes leases to the load, expires leases and reports stalled tensors of
+        every running job, and runs the deadlines of every elastic round that gathers."""
         now = self.clock()
         self.deliver_notices()
+        self.leases = state.plan_leases(
+            {job.job_id: state.heartbeating_members(job) for job in self.jobs.values()},
+            self.lease_policy,
+        )
         for job in list(self.jobs.values()):
             if job.phase is state.JobPhase.RUNNING or job.round is not None:
-                self.apply(job, state.check(job, now, self._lease_s))
+                self.apply(job, state.check(job, now, self.lease_of(job).lease_s))
             self._forget_if_abandoned(job)
             self._forget_if_done(job, now)
 
@@ -495,6 +528,9 @@ class Coordinator:
         self._ended_since.pop(job_id, None)
         self._notices.forget(job_id)
         self.messages_queued.pop(job_id, None)
+        for transport in ("unary", "stream"):
+            self.heartbeats.pop((job_id, transport), None)
+        self.leases.pop(job_id, None)
         for key in [key for key in self._outboxes if key[0] == job_id]:
             del self._outboxes[key]
 

@@ -22,7 +22,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # the heartbeat answers' twins live in .state.views, which imports this
+    from .state.views import StreamHeartbeatAnswer
 
 __all__ = [
     "AddProcessSetRequest",
@@ -312,8 +315,10 @@ class Event:
 class CoordinatorMessage:
     """One message on a member's negotiation stream (``hora.v1.CoordinatorMessage``).
 
-    Exactly one of ``responses`` and ``event`` is set, as in the .proto's oneof.
+    Exactly one of ``responses``, ``event`` and ``heartbeat`` is set, as in the
+    .proto's oneof.
     """
 
     responses: ResponseList | None = None
     event: Event | None = None
+    heartbeat: StreamHeartbeatAnswer | None = None

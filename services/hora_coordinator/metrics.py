@@ -29,6 +29,10 @@ Exported series::
     hora_stream_queued_messages{job_id}       messages waiting in them, not yet sent
     hora_job_events_dropped_total{job_id}     oldest events dropped from the job's bounded
                                               log (--max-events-per-job) (counter)
+    hora_heartbeats_total{job_id,transport}   heartbeats answered: "unary" calls, and on
+                                              negotiation streams ("stream")
+    hora_lease_seconds{job_id}                the job's lease, sized to the load
+    hora_heartbeat_interval_seconds{job_id}   how often its members renew it
 
 Every state label value is always present (0 when empty), so a series does
 not vanish when its last member or job moves on.
@@ -81,6 +85,9 @@ class JobSample:
     outboxes: int
     queued: int
     events_dropped: int
+    heartbeats: tuple[tuple[str, int], ...]  # (transport, count)
+    lease_s: float
+    interval_s: float
 
 
 class _Sampler:
@@ -105,6 +112,12 @@ class _Sampler:
             outboxes=boxes,
             queued=waiting,
             events_dropped=job.events_dropped,
+            heartbeats=tuple(
+                (transport, self._c.heartbeats.get((job.job_id, transport), 0))
+                for transport in ("unary", "stream")
+            ),
+            lease_s=(lease := self._c.lease_of(job)).lease_s,
+            interval_s=lease.interval_s,
         )
 
 
@@ -185,9 +198,28 @@ def families(samples: Iterable[JobSample]) -> Iterator[Metric]:
         "Oldest events dropped from the job's event log to keep it within its bound.",
         labels=["job_id"],
     )
+    heartbeats = CounterMetricFamily(
+        "hora_heartbeats",
+        "Heartbeats of the job's members answered, by transport (unary calls, streams).",
+        labels=["job_id", "transport"],
+    )
+    lease = GaugeMetricFamily(
+        "hora_lease_seconds",
+        "How long the job's members live without a heartbeat (sized to the load).",
+        labels=["job_id"],
+    )
+    interval = GaugeMetricFamily(
+        "hora_heartbeat_interval_seconds",
+        "How often the job's members are asked to heartbeat (sized to the load).",
+        labels=["job_id"],
+    )
     by_phase = dict.fromkeys(state.JobPhase, 0)
     for job in samples:
         labels = [job.job_id]
+        for transport, count in job.heartbeats:
+            heartbeats.add_metric([job.job_id, transport], count)
+        lease.add_metric(labels, job.lease_s)
+        interval.add_metric(labels, job.interval_s)
         sent.add_metric(labels, job.stream_messages)
         outboxes.add_metric(labels, job.outboxes)
         queued.add_metric(labels, job.queued)
@@ -203,7 +235,7 @@ def families(samples: Iterable[JobSample]) -> Iterator[Metric]:
     for phase, count in by_phase.items():
         jobs.add_metric([phase.value], count)
     yield from (messages, tensors, errors, generation, resets, members, jobs)
-    yield from (sent, outboxes, queued, dropped)
+    yield from (sent, outboxes, queued, dropped, heartbeats, lease, interval)
 
 
 class CoordinatorCollector(Collector):

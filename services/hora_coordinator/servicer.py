@@ -230,9 +230,14 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
         async def read() -> None:
             try:
                 async for message in request_iterator:
-                    if message.WhichOneof("kind") == "requests":
+                    kind = message.WhichOneof("kind")
+                    if kind == "requests":
                         requests = wire.tensor_requests(message.requests)
                         coordinator.requests(job_id, worker_id, generation, requests)
+                    elif kind == "heartbeat":
+                        coordinator.stream_heartbeat(
+                            job_id, worker_id, generation, message.heartbeat.sequence
+                        )
             except (grpc.aio.AioRpcError, asyncio.CancelledError):
                 pass  # the stream broke: treated below as closed
             except CoordinatorError as exc:  # a message that does not decode: end the stream

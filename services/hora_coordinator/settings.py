@@ -49,9 +49,19 @@ class CoordinatorSettings:
         tls_cert: PEM certificate (chain) both servers present; with ``tls_key``
             they serve TLS, without both plaintext.
         tls_key: PEM private key of ``tls_cert``.
-        lease: How long a member stays alive without a heartbeat or stream message.
+        lease: How long a member stays alive without a heartbeat or stream message
+            while the coordinator is lightly loaded: the shortest lease. Leases
+            grow with the load (see ``heartbeat_budget``).
+        heartbeat_interval: How often members renew their lease while the
+            coordinator is lightly loaded (at most a quarter of ``lease``).
+        heartbeat_budget: Heartbeats per second all members together may send.
+            When the members' heartbeats at ``heartbeat_interval`` would pass
+            it, intervals and leases grow so that they do not (shared between
+            jobs max-min fairly: small jobs keep the shortest lease); see
+            :mod:`.state.leases`.
         stall_check_interval: Period of the background check for expired leases
-            and stalled tensors.
+            and stalled tensors; a lost member is noticed at most this long
+            after its lease ran out.
         job_retention: How long a job that finished or failed stays (in the
             API, the metrics and memory) once nothing of it is left running;
             a long-lived coordinator would otherwise keep every job for ever.
@@ -86,8 +96,13 @@ class CoordinatorSettings:
     token: str = ""
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    lease: timedelta = timedelta(seconds=10)
-    stall_check_interval: timedelta = timedelta(seconds=1)
+    # A stopped worker (or a host gone without closing its sockets) is noticed
+    # within lease + stall_check_interval: under 3 s while load allows.
+    lease: timedelta = timedelta(seconds=2)
+    heartbeat_interval: timedelta = timedelta(milliseconds=500)
+    # About 0.1 ms of coordinator CPU each (bench/README.md): a fifth of a core.
+    heartbeat_budget: float = 2000.0
+    stall_check_interval: timedelta = timedelta(milliseconds=250)
     job_retention: timedelta = timedelta(hours=1)
     refusal_log_interval: timedelta = timedelta(seconds=10)
     max_jobs: int = 10_000
@@ -106,9 +121,11 @@ class CoordinatorSettings:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ValueError(f"{name} must be in [0, 65535], got {port}")
-        for name in ("lease", "stall_check_interval"):
+        for name in ("lease", "heartbeat_interval", "stall_check_interval"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.heartbeat_budget > 0:
+            raise ValueError(f"heartbeat_budget must be positive, got {self.heartbeat_budget}")
         for name in ("job_retention", "refusal_log_interval"):
             if getattr(self, name) < timedelta(0):
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
@@ -176,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="job token (default: $HORA_TOKEN, else read from --token-file, else a random "
         "one, printed with how to connect)",
     )
+    defaults = CoordinatorSettings()
     parser.add_argument(
         "--token-file",
         type=Path,
@@ -193,13 +211,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--lease-s",
         type=float,
-        default=10.0,
-        help="seconds a member lives without a heartbeat (default %(default)s)",
+        default=defaults.lease.total_seconds(),
+        help="seconds a member lives without a heartbeat while the coordinator is lightly "
+        "loaded; longer under load (default %(default)s)",
+    )
+    parser.add_argument(
+        "--heartbeat-interval-s",
+        type=float,
+        default=defaults.heartbeat_interval.total_seconds(),
+        help="seconds between a member's heartbeats while the coordinator is lightly loaded, "
+        "at most a quarter of the lease (default %(default)s)",
+    )
+    parser.add_argument(
+        "--heartbeat-budget",
+        type=float,
+        default=defaults.heartbeat_budget,
+        help="heartbeats per second all members together may send; past it intervals and "
+        "leases grow (default %(default)s)",
     )
     parser.add_argument(
         "--stall-check-interval-s",
         type=float,
-        default=1.0,
+        default=defaults.stall_check_interval.total_seconds(),
         help="seconds between lease and stall checks (default %(default)s)",
     )
     parser.add_argument(
@@ -216,7 +249,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="at most one log line per kind of refused call per this many seconds; "
         "the next line counts the ones left out (default %(default)s)",
     )
-    defaults = CoordinatorSettings()
     for name in _LIMITS:
         parser.add_argument(
             "--" + name.replace("_", "-"),
@@ -268,6 +300,8 @@ def parse_command_line(
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             lease=timedelta(seconds=args.lease_s),
+            heartbeat_interval=timedelta(seconds=args.heartbeat_interval_s),
+            heartbeat_budget=args.heartbeat_budget,
             stall_check_interval=timedelta(seconds=args.stall_check_interval_s),
             job_retention=timedelta(seconds=args.job_retention_s),
             refusal_log_interval=timedelta(seconds=args.refusal_log_interval_s),

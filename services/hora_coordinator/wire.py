@@ -192,7 +192,9 @@ def heartbeat_pb(reply: HeartbeatReply) -> rpb.HeartbeatResponse:
         failure=reply.failure,
         host_update_epoch=reply.host_update_epoch,
         removals_only=reply.removals_only,
+        interval_ms=reply.interval_ms,
     )
+
 
 
 def list_events_response_pb(events: Iterable[JobEvent]) -> rpb.ListEventsResponse:
@@ -268,7 +270,7 @@ def event_pb(event: Event) -> npb.Event:
 
 
 def coordinator_message_pb(message: CoordinatorMessage) -> npb.CoordinatorMessage:
-    """One stream message as a message: its response list or its event."""
+    """One stream message as a message: its response list, event or heartbeat answer."""
     if message.responses is not None:
         return npb.CoordinatorMessage(
             responses=npb.ResponseList(
@@ -277,4 +279,11 @@ def coordinator_message_pb(message: CoordinatorMessage) -> npb.CoordinatorMessag
         )
     if message.event is not None:
         return npb.CoordinatorMessage(event=event_pb(message.event))
+    if message.heartbeat is not None:
+        answer = message.heartbeat
+        return npb.CoordinatorMessage(
+            heartbeat=npb.StreamHeartbeatAnswer(
+                sequence=answer.sequence, state=heartbeat_pb(answer.state)
+            )
+        )
     return npb.CoordinatorMessage()

@@ -242,6 +242,14 @@ class FakeStream:
             )
         )
 
+    def heartbeat(self, sequence: int) -> None:
+        """Renews the member's lease on the stream."""
+        self._outgoing.put(
+            negotiation_pb2.WorkerMessage(
+                heartbeat=negotiation_pb2.StreamHeartbeat(sequence=sequence)
+            )
+        )
+
     def recv(self, timeout: float = 5.0) -> negotiation_pb2.CoordinatorMessage:
         """The next message; raises the stream's RpcError, or AssertionError at its end."""
         item = self._incoming.get(timeout=timeout)
@@ -260,6 +268,11 @@ class FakeStream:
         message = self.recv(timeout)
         assert message.WhichOneof("kind") == "event", message
         return message.event
+
+    def heartbeat_answer(self, timeout: float = 5.0) -> negotiation_pb2.StreamHeartbeatAnswer:
+        message = self.recv(timeout)
+        assert message.WhichOneof("kind") == "heartbeat", message
+        return message.heartbeat
 
     def assert_silent(self, wait: float = 0.3) -> None:
         try:

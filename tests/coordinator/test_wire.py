@@ -43,6 +43,7 @@ def test_enum_twins_have_the_proto_names_and_numbers(twin: type[enum.IntEnum], w
         (state.WorldView, rpb.WorldView),
         (state.WorldMember, rpb.Member),
         (state.HeartbeatReply, rpb.HeartbeatResponse),
+        (state.StreamHeartbeatAnswer, npb.StreamHeartbeatAnswer),
         (state.JobEvent, rpb.JobEvent),
     ],
 )
@@ -91,6 +92,18 @@ def test_heartbeat_and_events_encode_field_by_field():
     events = wire.list_events_response_pb(state.event_log(job)).events
     assert [e.kind for e in events] == ["join", "join", "generation", "blacklist"]
     assert (events[-1].unix_ms, events[-1].host, events[-1].rank) == (4000, "h9", -1)
+
+
+def test_a_stream_heartbeat_answer_carries_its_sequence_and_the_lease():
+    job = form(2)
+    reply = state.heartbeat(job, "w0", 2.0, lease_s=8.0, interval_s=2.0)
+    encoded = wire.coordinator_message_pb(
+        messages.CoordinatorMessage(heartbeat=state.StreamHeartbeatAnswer(7, reply))
+    )
+    assert encoded.WhichOneof("kind") == "heartbeat"
+    assert encoded.heartbeat.sequence == 7
+    assert (encoded.heartbeat.state.lease_ms, encoded.heartbeat.state.interval_ms) == (8000, 2000)
+    assert encoded.heartbeat.state.job_state == rpb.JOB_STATE_RUNNING
 
 
 def test_the_transitions_negotiate_plain_requests_without_protobuf():

@@ -61,6 +61,18 @@ class Engine:
         self.size = world.size
         self._client = client
         self._pending = Pending(world.rank)
+        # Heartbeats from the start: bootstrapping the data plane (every rank
+        # must come) may take longer than a lease.
+        self._liveness = Liveness(settings, client, world.generation, world.rank, self._pending)
+        self._liveness.thread.start()
+        try:
+            self._build(store)
+        except BaseException:
+            self._pending.stopping.set()
+            raise
+
+    def _build(self, store: dist.Store) -> None:
+        settings, world = self.settings, self.world
         # The Python store object must outlive every C++ wrapper around it:
         # torch's trampoline finds its methods through this reference.
         self._base_store = store
@@ -95,19 +107,19 @@ class Engine:
         self.agreement = Agreement(settings, world.rank, world.size, self._pending,
                                    self._executor, send=lambda r: self._negotiator.send(r),
                                    mesh=mesh)
-        self._liveness = Liveness(settings, client, world.generation, world.rank,
-                                  self._pending, self.agreement.cached_stalls)
-        self._negotiator = Negotiator(settings, client, world.generation, world.rank,
+        self._negotiator = Negotiator(settings, self._client, world.generation, world.rank,
                                       self._pending, self._executor, self._sets,
                                       on_global_list=self.agreement.receive_list,
+                                      on_heartbeat=self._liveness.answered,
                                       reattach=self._reattach)
+        self._liveness.attach(self._negotiator.heartbeat, self.agreement.cached_stalls)
         self._threads = [
             self._negotiator.thread,
             threading.Thread(target=self.agreement.loop, name="hora-rounds", daemon=True),
-            self._liveness.thread,
         ]
         for thread in self._threads:
             thread.start()
+        self._threads.append(self._liveness.thread)
 
     def _reattach(self) -> bool:
         """Reports this member to the coordinator again after losing it (the

@@ -7,7 +7,8 @@ for up to ``HORA_COORDINATOR_OUTAGE_TIMEOUT``, opens a new stream for the
 same generation and sends again every request still unanswered. Only a
 refusal (the generation ended meanwhile) or the timeout fails the generation.
 
-:meth:`Negotiator.send` puts a request on the stream. The reader thread
+:meth:`Negotiator.send` puts a request on the stream, :meth:`Negotiator.heartbeat`
+a heartbeat (whose answer goes to the liveness thread). The reader thread
 receives ordered response lists and events. Error responses complete their
 handles at once (they move no bytes, and some go to one rank only, so they
 must not take part in the rounds every rank counts); the global set's lists
@@ -49,11 +50,13 @@ class Negotiator:
     Args:
         on_global_list: takes one of the global set's response lists (the
             agreement rounds run them).
+        on_heartbeat: takes the answer to a heartbeat sent with :meth:`heartbeat`.
     """
 
     def __init__(self, settings: Settings, client: CoordinatorLink, generation: int,
                  rank: int, pending: Pending, executor: Executor, sets: ProcessSets,
                  on_global_list: Callable[[ResponseList], None],
+                 on_heartbeat: Callable[[negotiation_pb2.StreamHeartbeatAnswer], None],
                  reattach: Callable[[], bool] | None = None) -> None:
         self._settings = settings
         self._client = client
@@ -63,6 +66,7 @@ class Negotiator:
         self._executor = executor
         self._sets = sets
         self._on_global_list = on_global_list
+        self._on_heartbeat = on_heartbeat
         self._reattach_call = reattach
         # Requests sent and not answered yet, by name: what a new stream sends again.
         self._awaiting: dict[str, negotiation_pb2.TensorRequest] = {}
@@ -74,6 +78,12 @@ class Negotiator:
         with self._send_lock:
             self._awaiting[request.name] = request
             self._stream.send(request)
+
+    def heartbeat(self, sequence: int) -> None:
+        """Renews this member's lease on the stream; the answer goes to ``on_heartbeat``.
+        (While the coordinator is away it goes nowhere, which is fine.)"""
+        with self._send_lock:
+            self._stream.heartbeat(sequence)
 
     def close(self) -> None:
         self._stream.close()
@@ -88,6 +98,8 @@ class Negotiator:
                             self._dispatch(message.responses.responses)
                         elif kind == "event":
                             self._on_event(message.event)
+                        elif kind == "heartbeat":
+                            self._on_heartbeat(message.heartbeat)
                     lost: CoordinatorError = CoordinatorUnavailableError(
                         f"the coordinator {self._settings.coordinator} closed the negotiation "
                         f"stream")

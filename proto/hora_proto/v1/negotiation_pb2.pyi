@@ -1,3 +1,4 @@
+from hora_proto.v1 import rendezvous_pb2 as _rendezvous_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -174,13 +175,21 @@ class StreamOpen(_message.Message):
     generation: int
     def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
+class StreamHeartbeat(_message.Message):
+    __slots__ = ("sequence",)
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    def __init__(self, sequence: _Optional[int] = ...) -> None: ...
+
 class WorkerMessage(_message.Message):
-    __slots__ = ("open", "requests")
+    __slots__ = ("open", "requests", "heartbeat")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     open: StreamOpen
     requests: RequestList
-    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., requests: _Optional[_Union[RequestList, _Mapping]] = ...) -> None: ...
+    heartbeat: StreamHeartbeat
+    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., requests: _Optional[_Union[RequestList, _Mapping]] = ..., heartbeat: _Optional[_Union[StreamHeartbeat, _Mapping]] = ...) -> None: ...
 
 class Response(_message.Message):
     __slots__ = ("type", "tensor_names", "process_set_id", "first_dims", "splits", "error_message", "error_kind", "join_fill", "last_joined_rank")
@@ -234,10 +243,20 @@ class Event(_message.Message):
     ranks: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, type: _Optional[_Union[EventType, str]] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., message: _Optional[str] = ..., tensor_names: _Optional[_Iterable[str]] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., unix_ms: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class StreamHeartbeatAnswer(_message.Message):
+    __slots__ = ("sequence", "state")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    state: _rendezvous_pb2.HeartbeatResponse
+    def __init__(self, sequence: _Optional[int] = ..., state: _Optional[_Union[_rendezvous_pb2.HeartbeatResponse, _Mapping]] = ...) -> None: ...
+
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("responses", "event")
+    __slots__ = ("responses", "event", "heartbeat")
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     responses: ResponseList
     event: Event
-    def __init__(self, responses: _Optional[_Union[ResponseList, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
+    heartbeat: StreamHeartbeatAnswer
+    def __init__(self, responses: _Optional[_Union[ResponseList, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., heartbeat: _Optional[_Union[StreamHeartbeatAnswer, _Mapping]] = ...) -> None: ...

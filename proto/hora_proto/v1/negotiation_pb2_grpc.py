@@ -57,8 +57,10 @@ class NegotiationServicer:
     def Negotiate(self, request_iterator, context):
         """One stream per worker and generation. The first message must be an
         `open`; then the worker sends request lists (one per cycle of its
-        background loop) and the coordinator sends response lists and events.
-        A stream that breaks declares the member lost (cause "stream closed").
+        background loop) and heartbeats, and the coordinator sends response
+        lists, events and heartbeat answers. Every message renews the member's
+        lease. A stream that breaks declares the member lost (cause "stream
+        closed").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

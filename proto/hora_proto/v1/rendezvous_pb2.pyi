@@ -142,20 +142,22 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("generation", "job_state", "lease_ms", "failure", "host_update_epoch", "removals_only")
+    __slots__ = ("generation", "job_state", "lease_ms", "failure", "host_update_epoch", "removals_only", "interval_ms")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     HOST_UPDATE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     REMOVALS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     generation: int
     job_state: JobState
     lease_ms: int
     failure: str
     host_update_epoch: int
     removals_only: bool
-    def __init__(self, generation: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., lease_ms: _Optional[int] = ..., failure: _Optional[str] = ..., host_update_epoch: _Optional[int] = ..., removals_only: _Optional[bool] = ...) -> None: ...
+    interval_ms: int
+    def __init__(self, generation: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., lease_ms: _Optional[int] = ..., failure: _Optional[str] = ..., host_update_epoch: _Optional[int] = ..., removals_only: _Optional[bool] = ..., interval_ms: _Optional[int] = ...) -> None: ...
 
 class ReportEventRequest(_message.Message):
     __slots__ = ("job_id", "kind", "host", "message")

@@ -38,8 +38,9 @@ The package's modules, one per stage: :mod:`.job` (the records),
 :mod:`.rendezvous` (Join), :mod:`.generations` (forming a generation, failing a
 job), :mod:`.elastic` (elastic bounds, ends of generations, round deadlines),
 :mod:`.departures` (Leave and losses), :mod:`.liveness` (heartbeats, the
-periodic check), :mod:`.restore` (members re-attaching after a coordinator
-restart or outage), :mod:`.streams` (negotiation streams), :mod:`.process_sets`
+periodic check), :mod:`.leases` (heartbeat intervals and leases sized to the
+load), :mod:`.restore` (members re-attaching after a coordinator restart or
+outage), :mod:`.streams` (negotiation streams), :mod:`.process_sets`
 (AddProcessSet and RemoveProcessSet, collectives of every member) and
 :mod:`.views` (world views, heartbeat replies, the event log). The transitions
 take and return plain objects (:mod:`hora_coordinator.messages`, :mod:`.views`);
@@ -66,6 +67,7 @@ from .job import (
     Round,
     new_job,
 )
+from .leases import Lease, LeasePolicy, heartbeating_members, plan_leases
 from .liveness import check, forgive_stall, heartbeat
 from .process_sets import (
     add_process_set,
@@ -79,6 +81,7 @@ from .restore import reattach, restore_job
 from .streams import handle_requests, open_stream
 from .views import (
     HeartbeatReply,
+    StreamHeartbeatAnswer,
     WorldMember,
     WorldView,
     event_log,
@@ -101,6 +104,8 @@ __all__ = [
     "JobEvent",
     "JobPhase",
     "Joiner",
+    "Lease",
+    "LeasePolicy",
     "Log",
     "LossDecision",
     "Member",
@@ -109,6 +114,7 @@ __all__ = [
     "Reject",
     "Round",
     "Send",
+    "StreamHeartbeatAnswer",
     "WorldMember",
     "WorldView",
     "abandoned",
@@ -124,11 +130,13 @@ __all__ = [
     "get_world",
     "handle_requests",
     "heartbeat",
+    "heartbeating_members",
     "join",
     "leave",
     "new_job",
     "open_stream",
     "order_joiners",
+    "plan_leases",
     "reattach",
     "remove_process_set",
     "report_event",

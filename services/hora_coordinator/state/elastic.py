@@ -20,6 +20,7 @@ from .job import (
     record,
     round_config,
 )
+from .leases import expired
 from .process_sets import abandon_set_calls
 
 __all__ = [
@@ -147,9 +148,9 @@ def check_round(
     effects: list[Effect] = []
     for worker_id in sorted(rnd.expected - rnd.joiners.keys()):
         member = job.by_worker[worker_id]
-        silent = now - member.last_heartbeat
-        if silent <= lease_s:
+        if not expired(member, now, lease_s):
             continue
+        silent = now - member.last_heartbeat
         member.state = MemberState.LOST
         member.cause = f"lease expired (no heartbeat for {silent:.1f} s)"
         rnd.expected.discard(worker_id)

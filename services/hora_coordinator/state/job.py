@@ -160,6 +160,9 @@ class Member:
     cross_size: int
     last_heartbeat: float
     state: MemberState = MemberState.ACTIVE
+    # The lease its last heartbeat answer granted (0: none yet); it is judged on
+    # the longer of this and the job's current lease (see .leases).
+    lease_s: float = 0.0
     cause: str = ""
     # LEFT with rejoin: it left this generation only (an elastic reset).
     rejoin: bool = False

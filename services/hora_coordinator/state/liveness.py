@@ -11,6 +11,7 @@ from .effects import Effect, Log, Send, event_message
 from .elastic import check_round
 from .generations import fail_job
 from .job import Job, JobPhase, MemberState
+from .leases import expired
 from .process_sets import overdue_set_calls
 from .views import JOB_STATE, HeartbeatReply
 
@@ -21,11 +22,16 @@ __all__ = [
 ]
 
 
-def heartbeat(job: Job, worker_id: str, now: float, lease_s: float) -> HeartbeatReply:
+def heartbeat(
+    job: Job, worker_id: str, now: float, lease_s: float, interval_s: float | None = None
+) -> HeartbeatReply:
     """Renews a member's lease and reports the job's generation and state.
 
     Renews ACTIVE members, and members of an ended elastic generation that the
-    next round still expects (they are between Leave(rejoin) and Join).
+    next round still expects (they are between Leave(rejoin) and Join). The
+    reply grants ``lease_s`` and asks for a heartbeat every ``interval_s``
+    (by default a quarter of the lease); the member is judged on that lease
+    until its next heartbeat, even if the job's lease shrinks meanwhile.
     """
     member = job.by_worker.get(worker_id)
     if member is not None and (
@@ -33,6 +39,9 @@ def heartbeat(job: Job, worker_id: str, now: float, lease_s: float) -> Heartbeat
         or (job.round is not None and worker_id in job.round.expected)
     ):
         member.last_heartbeat = now
+        member.lease_s = lease_s
+    if interval_s is None:
+        interval_s = lease_s / 4
     return HeartbeatReply(
         generation=job.generation,
         job_state=JOB_STATE[job.phase],
@@ -40,7 +49,9 @@ def heartbeat(job: Job, worker_id: str, now: float, lease_s: float) -> Heartbeat
         failure=job.failure,
         host_update_epoch=job.host_update_epoch,
         removals_only=job.removals_only,
+        interval_ms=max(1, int(interval_s * 1000)),
     )
+
 
 
 def forgive_stall(job: Job, stalled_s: float) -> None:
@@ -75,7 +86,7 @@ def check(job: Job, now: float, lease_s: float) -> list[Effect]:
         return []
     effects: list[Effect] = []
     for member in job.members:
-        if member.state is MemberState.ACTIVE and now - member.last_heartbeat > lease_s:
+        if member.state is MemberState.ACTIVE and expired(member, now, lease_s):
             silent = now - member.last_heartbeat
             effects.extend(
                 lose(job, member, f"lease expired (no heartbeat for {silent:.1f} s)", now)

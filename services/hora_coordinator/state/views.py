@@ -1,8 +1,9 @@
 """What members and readers see of a job: world views, heartbeat replies, the event log.
 
-:class:`WorldView`, :class:`WorldMember` and :class:`HeartbeatReply` are the
-twins of ``hora.v1.WorldView``, ``Member`` and ``HeartbeatResponse`` (same
-field names); :mod:`hora_coordinator.wire` encodes them.
+:class:`WorldView`, :class:`WorldMember`, :class:`HeartbeatReply` and
+:class:`StreamHeartbeatAnswer` are the twins of ``hora.v1.WorldView``,
+``Member``, ``HeartbeatResponse`` and ``StreamHeartbeatAnswer`` (same field
+names); :mod:`hora_coordinator.wire` encodes them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .job import Job, JobEvent, JobPhase, Member, MemberState, record
 __all__ = [
     "JOB_STATE",
     "HeartbeatReply",
+    "StreamHeartbeatAnswer",
     "WorldMember",
     "WorldView",
     "event_log",
@@ -75,6 +77,15 @@ class HeartbeatReply:
     failure: str
     host_update_epoch: int
     removals_only: bool
+    interval_ms: int = 0
+
+
+@dataclass(frozen=True)
+class StreamHeartbeatAnswer:
+    """The answer to a heartbeat on a negotiation stream (``hora.v1.StreamHeartbeatAnswer``)."""
+
+    sequence: int
+    state: HeartbeatReply
 
 
 def world_members(job: Job) -> tuple[WorldMember, ...]:
