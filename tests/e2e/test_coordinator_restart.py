@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -202,7 +203,8 @@ def test_a_coordinator_that_never_comes_back_fails_the_job_after_the_outage_time
         waited = time.monotonic() - killed
     assert proc.returncode != 0
     assert "HorovodInternalError" in stderr, stderr[-4000:]
-    assert "for 3 s (HORA_COORDINATOR_OUTAGE_TIMEOUT)" in stderr, stderr[-4000:]
+    # Whichever thread notices first (heartbeats, or the re-attach loop) names the setting.
+    assert re.search(r"\b3 s\b.*HORA_COORDINATOR_OUTAGE_TIMEOUT", stderr), stderr[-4000:]
     assert waited < 45, waited  # 3 s, plus a slow machine's start and stop
 
 
