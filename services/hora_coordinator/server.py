@@ -98,6 +98,11 @@ def create_grpc_server(
             # Deliberate, not gRPC's default by chance: a larger request is
             # RESOURCE_EXHAUSTED before any handler runs (settings.max_message_bytes).
             ("grpc.max_receive_message_length", settings.max_message_bytes),
+            # Workers ping every 10 s (keepalive) also while a call waits without
+            # data, e.g. a Join gathering an elastic round; gRPC's server default
+            # (one ping per 5 min) answers that with GOAWAY "too_many_pings".
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ],
     )
     add_servicers(server, coordinator)
