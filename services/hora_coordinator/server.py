@@ -80,9 +80,18 @@ def create_grpc_server(coordinator: Coordinator, address: str) -> tuple[grpc.aio
     """
     settings = coordinator.settings
     refusals = RefusalLog(settings.refusal_log_interval.total_seconds(), logger)
+    # Every rank of a job calls at once (Join, then the store, then its stream):
+    # gRPC core refuses calls that wait for the event loop to take them past
+    # 1,000 (RESOURCE_EXHAUSTED, "too many pending requests"), which failed 1,000-
+    # and 10,000-worker starts (bench/README.md). Let a whole job's burst wait.
+    pending = 2 * settings.max_members_per_job
     server = grpc.aio.server(
         interceptors=[TokenAuthInterceptor(settings.token, refusals)],
-        options=[("grpc.so_reuseport", 0)],
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.server.max_pending_requests", pending),
+            ("grpc.server.max_pending_requests_hard_limit", pending),
+        ],
     )
     add_servicers(server, coordinator)
     health_servicer = health.aio.HealthServicer()
