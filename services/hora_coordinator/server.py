@@ -101,6 +101,10 @@ def create_grpc_server(coordinator: Coordinator, address: str) -> tuple[grpc.aio
         port = server.add_insecure_port(address)
     except RuntimeError as exc:
         raise RuntimeError(f"cannot bind gRPC to {address} (in use?): {exc}") from exc
+    # A listener only this process knows, for the self-check that times the
+    # queue of calls waiting to be taken (Coordinator.measure_backlog).
+    server.self_check_address = f"unix-abstract:hora-coordinator-{os.getpid()}-{id(server)}"
+    server.add_insecure_port(server.self_check_address)
     return server, port
 
 
@@ -163,6 +167,8 @@ async def serve(
     await grpc_server.start()
     http_task = asyncio.create_task(http.serve(sockets=[sock]))
     checks: asyncio.Task[None] | None = None
+    backlog: asyncio.Task[None] | None = None
+    self_check: grpc.aio.Channel | None = None
     try:
         while not http.started:
             if http_task.done():
@@ -171,6 +177,10 @@ async def serve(
         await _set_health(grpc_server, True)
         coordinator.serving = True
         checks = asyncio.create_task(coordinator.run_checks())
+        self_check = grpc.aio.insecure_channel(grpc_server.self_check_address)
+        health_stub = health_pb2_grpc.HealthStub(self_check)
+        backlog = asyncio.create_task(coordinator.measure_backlog(
+            lambda: health_stub.Check(health_pb2.HealthCheckRequest(), timeout=60)))
         info = ServingInfo(settings.host, grpc_port, http_port, settings.token, os.getpid())
         logger.info("hora-coordinator: gRPC on %s, HTTP on %s", info.grpc_address, info.http_url)
         if ready is not None:
@@ -180,6 +190,10 @@ async def serve(
         coordinator.serving = False
         if checks is not None:
             checks.cancel()
+        if backlog is not None:
+            backlog.cancel()
+        if self_check is not None:
+            await self_check.close()
         coordinator.end_streams()
         await grpc_server.stop(grace=1.0)
         http.should_exit = True
