@@ -56,3 +56,11 @@ clean:
 bench:
 	@test -f $(STAMP) || $(MAKE) install
 	$(PY) bench/run_all.py
+
+# The coordinator under load: simulated workers (bench/locustfile.py, locust
+# headless) against a fresh standalone coordinator; see bench/README.md.
+.PHONY: bench-coordinator
+bench-coordinator:
+	@test -f $(STAMP) || $(MAKE) install
+	@$(PY) -c "import locust" 2>/dev/null || $(PIP) install -q -e ".[bench]"
+	$(PY) bench/coordinator_load.py

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 from hora_proto.v1 import rendezvous_pb2 as rpb
@@ -90,6 +90,10 @@ class Coordinator:
         )
         # Each job's lease, sized to the load at the last periodic check.
         self.leases: dict[str, state.Lease] = {}
+        # How long the coordinator lately took to take a call of its own (see
+        # measure_backlog): heartbeats wait that long before it can read them.
+        self._backlog_s = 0.0
+        self._probe_started: float | None = None
         # Heartbeats answered, by job and transport ("unary", "stream"; what /metrics reports).
         self.heartbeats: dict[tuple[str, str], int] = {}
         self._joins: dict[tuple[str, str], asyncio.Future[rpb.WorldView]] = {}
@@ -450,9 +454,11 @@ class Coordinator:
             {job.job_id: state.heartbeating_members(job) for job in self.jobs.values()},
             self.lease_policy,
         )
+        backlog = self.backlog_s()
         for job in list(self.jobs.values()):
             if job.phase is state.JobPhase.RUNNING or job.round is not None:
-                self.apply(job, state.check(job, now, self.lease_of(job).lease_s))
+                lease_s = self.lease_of(job).lease_s + backlog
+                self.apply(job, state.check(job, now, lease_s))
             self._forget_if_abandoned(job)
             self._forget_if_done(job, now)
 
@@ -541,6 +547,39 @@ class Coordinator:
                        "stall clocks are extended by as much", stalled_s)
         for job in self.jobs.values():
             state.forgive_stall(job, stalled_s)
+
+    def backlog_s(self) -> float:
+        """How long a call waits before the coordinator takes it: the last self-check's
+        round trip, or the age of the one still unanswered if that is longer."""
+        started = self._probe_started
+        if started is None:
+            return self._backlog_s
+        return max(self._backlog_s, asyncio.get_running_loop().time() - started)
+
+    async def measure_backlog(self, probe: Callable[[], Awaitable[object]]) -> None:
+        """Times ``probe`` (a health check the coordinator makes to itself) every
+        ``stall_check_interval`` until cancelled.
+
+        gRPC core queues calls until the event loop takes them, one at a time: when
+        thousands of workers start at once (Join, store, heartbeat calls), a call can
+        wait seconds in that queue while the loop itself never stalls. A heartbeat
+        that waits there has arrived; every lease is judged that much longer
+        (:meth:`check`), so the coordinator's own backlog never costs a healthy
+        worker its place.
+        """
+        interval = self.settings.stall_check_interval.total_seconds()
+        loop = asyncio.get_running_loop()
+        while True:
+            started = self._probe_started = loop.time()
+            try:
+                await probe()
+            except Exception:  # a failed self-check says nothing about the backlog
+                logger.debug("the coordinator's self-check failed", exc_info=True)
+            else:
+                self._backlog_s = loop.time() - started
+            finally:
+                self._probe_started = None
+            await asyncio.sleep(interval)
 
     async def run_checks(self) -> None:
         """Runs :meth:`check` every ``stall_check_interval`` until cancelled.

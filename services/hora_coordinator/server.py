@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -91,6 +92,11 @@ def create_grpc_server(
     """
     settings = coordinator.settings
     refusals = RefusalLog(settings.refusal_log_interval.total_seconds(), logger)
+    # Every rank of a job calls at once (Join, then the store, then its stream):
+    # gRPC core refuses calls that wait for the event loop to take them past
+    # 1,000 (RESOURCE_EXHAUSTED, "too many pending requests"), which failed 1,000-
+    # and 10,000-worker starts (bench/README.md). Let a whole job's burst wait.
+    pending = 2 * settings.max_members_per_job
     server = grpc.aio.server(
         interceptors=[TokenAuthInterceptor(settings.token, refusals)],
         options=[
@@ -103,6 +109,8 @@ def create_grpc_server(
             # (one ping per 5 min) answers that with GOAWAY "too_many_pings".
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.server.max_pending_requests", pending),
+            ("grpc.server.max_pending_requests_hard_limit", pending),
         ],
     )
     add_servicers(server, coordinator)
@@ -116,7 +124,42 @@ def create_grpc_server(
             port = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         raise RuntimeError(f"cannot bind gRPC to {address} (in use?): {exc}") from exc
+    # A listener only this process knows, for the self-check that times the
+    # queue of calls waiting to be taken (Coordinator.measure_backlog).
+    server.self_check_address = f"unix-abstract:hora-coordinator-{os.getpid()}-{id(server)}"
+    server.add_insecure_port(server.self_check_address)
     return server, port
+
+
+# How often the heap is frozen, and how often it is thawed for one full collection.
+_GC_FREEZE_S = 0.25
+_GC_FULL_S = 600.0
+
+
+async def _tame_gc() -> None:
+    """Keeps CPython's full collections off the serving path.
+
+    Each open stream holds about a hundred objects the cyclic GC tracks (grpc.aio's
+    call state, tasks, futures): at 10,000 members that is about a million, and
+    every full collection stalled the event loop for about a second, twenty-six
+    times a minute (bench/README.md). Objects that live past a quarter of a second are frozen
+    (``gc.freeze``: the GC no longer scans them; reference counting still frees
+    them), so young collections stay cheap and full ones find little to scan.
+    Cyclic garbage among frozen objects waits for the full collection every ten
+    minutes; the stall detector forgives that one pause.
+    """
+    loop = asyncio.get_running_loop()
+    last_full = loop.time()
+    while True:
+        await asyncio.sleep(_GC_FREEZE_S)
+        if loop.time() - last_full > _GC_FULL_S:
+            gc.unfreeze()
+            started = loop.time()
+            gc.collect()
+            last_full = loop.time()
+            logger.info("hora-coordinator: full garbage collection took %.2f s",
+                        last_full - started)
+        gc.freeze()
 
 
 class _UvicornServer(uvicorn.Server):
@@ -186,6 +229,9 @@ async def serve(
     await grpc_server.start()
     http_task = asyncio.create_task(http.serve(sockets=[sock]))
     checks: asyncio.Task[None] | None = None
+    backlog: asyncio.Task[None] | None = None
+    gc_task: asyncio.Task[None] | None = None
+    self_check: grpc.aio.Channel | None = None
     try:
         while not http.started:
             if http_task.done():
@@ -194,6 +240,11 @@ async def serve(
         await _set_health(grpc_server, True)
         coordinator.serving = True
         checks = asyncio.create_task(coordinator.run_checks())
+        self_check = grpc.aio.insecure_channel(grpc_server.self_check_address)
+        health_stub = health_pb2_grpc.HealthStub(self_check)
+        gc_task = asyncio.create_task(_tame_gc())
+        backlog = asyncio.create_task(coordinator.measure_backlog(
+            lambda: health_stub.Check(health_pb2.HealthCheckRequest(), timeout=60)))
         info = ServingInfo(
             settings.host, grpc_port, http_port, settings.token, os.getpid(), tls is not None
         )
@@ -205,6 +256,13 @@ async def serve(
         coordinator.serving = False
         if checks is not None:
             checks.cancel()
+        if backlog is not None:
+            backlog.cancel()
+        if gc_task is not None:
+            gc_task.cancel()
+            gc.unfreeze()
+        if self_check is not None:
+            await self_check.close()
         coordinator.end_streams()
         await grpc_server.stop(grace=1.0)
         http.should_exit = True

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from hora_coordinator import Coordinator, CoordinatorSettings
+from hora_coordinator import Coordinator, CoordinatorSettings, state
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -40,3 +40,38 @@ def test_a_slow_check_is_not_taken_for_a_stalled_loop():
 
     asyncio.run(run())
     assert forgiven == []
+
+
+def test_a_backlog_of_calls_the_coordinator_has_not_taken_extends_every_lease():
+    # The coordinator's own health check to itself has waited 3 s: so may a
+    # heartbeat. A member silent for 2.5 s on a 2 s lease is not lost meanwhile;
+    # once the check is answered quickly again, the lease is judged as it is.
+    from coordinator_transitions import form
+
+    now = [100.0]
+    coordinator = Coordinator(CoordinatorSettings(token="t", lease=timedelta(seconds=2)),
+                              clock=lambda: now[0])
+    job = form(2, now=now[0])
+    coordinator.jobs[job.job_id] = job
+    answer = asyncio.Event()
+
+    async def probe() -> None:
+        await answer.wait()
+
+    async def run() -> None:
+        task = asyncio.create_task(coordinator.measure_backlog(probe))
+        await asyncio.sleep(0.6)  # the self-check is still unanswered
+        assert coordinator.backlog_s() >= 0.5
+        now[0] += 2.4  # silent longer than the lease, not than lease + backlog
+        coordinator.check()
+        assert [m.state for m in job.members] == [state.MemberState.ACTIVE] * 2
+        answer.set()  # answered: the next checks time a quick round trip
+        while coordinator.backlog_s() > 0.1:
+            await asyncio.sleep(0.01)
+        coordinator.check()
+        assert job.phase is state.JobPhase.FAILED
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
