@@ -64,3 +64,10 @@ bench-coordinator:
 	@test -f $(STAMP) || $(MAKE) install
 	@$(PY) -c "import locust" 2>/dev/null || $(PIP) install -q -e ".[bench]"
 	$(PY) bench/coordinator_load.py
+
+# Liveness: a worker killed, stopped or cut off -> the survivors' error or
+# reset (network namespaces when run as root); see bench/README.md.
+.PHONY: bench-liveness
+bench-liveness:
+	@test -f $(STAMP) || $(MAKE) install
+	$(PY) bench/liveness.py

@@ -143,7 +143,8 @@ def run(scenario: Scenario, steady_s: float, tensor_every: float,
         keep.write_bytes((workdir / "coordinator.log").read_bytes())
         if not out.exists():
             tail = "\n".join(text.strip().splitlines()[-20:])
-            common.log(f"{scenario.key}: no summary; locust output tail:\n{tail}")
+            common.log(f"{scenario.key}: no summary (coordinator log: {keep}); locust output "
+                       f"tail:\n{tail}")
             return {"failure": "no summary written", "wall_s": wall}
         summary = json.loads(out.read_text())
         summary["wall_s"] = wall

@@ -73,7 +73,7 @@ def worker(out: Path, index: int, elastic: bool) -> None:
 
     def report(kind: str, detail: str) -> None:
         path = out / f"result.{index}"
-        tmp = path.with_suffix(".tmp")
+        tmp = out / f"result.{index}.tmp"  # one per worker: "result.tmp" was shared
         tmp.write_text(json.dumps({"time": time.time(), "kind": kind, "detail": detail[:300]}))
         tmp.replace(path)
 
@@ -270,7 +270,11 @@ def one_run(scenario: Scenario, network: Network, coordinator: Coordinator,
         deadline = time.monotonic() + 60
         while not all((out / f"result.{i}").exists() for i in survivors):
             if time.monotonic() > deadline:
-                common.log(f"{scenario.label}: the survivors did not notice in 60 s ({out})")
+                tails = "\n".join(
+                    f"--- worker {i}:\n" + "\n".join(
+                        (out / f"worker{i}.log").read_text(errors="replace").splitlines()[-8:])
+                    for i in survivors)
+                common.log(f"{scenario.label}: the survivors did not notice in 60 s:\n{tails}")
                 return None
             time.sleep(0.01)
         results = [json.loads((out / f"result.{i}").read_text()) for i in survivors]

@@ -128,7 +128,8 @@ ENV_VARS: tuple[_Var, ...] = (
     _Var("collective_timeout", ("HORA_COLLECTIVE_TIMEOUT", "HOROVOD_GLOO_TIMEOUT_SECONDS"),
          _seconds, "seconds a data-plane collective may take"),
     _Var("heartbeat_interval", ("HORA_HEARTBEAT_INTERVAL",), _seconds,
-         "seconds between heartbeats"),
+         "seconds between heartbeats when the coordinator names none (it sizes them to "
+         "its load)"),
     _Var("stall_warning_time", ("HORA_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
          _seconds, "seconds a tensor may wait on some ranks before a warning"),
     _Var("stall_shutdown_time",

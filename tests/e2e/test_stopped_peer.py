@@ -23,7 +23,8 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 HORARUN = [sys.executable, "-m", "hora.runner.launch"]
-# The embedded coordinator's lease is 10 s; the rest is slack for a busy machine.
+# The embedded coordinator's lease is 2 s (10 s before leases were sized to the
+# load); the rest is slack for a busy machine.
 DEADLINE_S = 30.0
 
 WORKER = textwrap.dedent("""
