@@ -51,6 +51,8 @@ logger = logging.getLogger("hora_coordinator")
 #: Least time members of a job restored after a coordinator restart have to
 #: re-attach before they are lost (seconds).
 REATTACH_WINDOW_S = 10.0
+#: How often running jobs are sampled for their series (seconds).
+SAMPLE_INTERVAL_S = 1.0
 # Put on an outbox to end the stream that drains it.
 STREAM_END = None
 Outbox = asyncio.Queue  # of npb.CoordinatorMessage | None
@@ -282,30 +284,35 @@ class Coordinator:
         self.apply(job, state.leave(job, worker_id, reason, self.clock(), rejoin))
         self._forget_if_abandoned(job)
 
-    def heartbeat(self, job_id: str, worker_id: str) -> state.HeartbeatReply:
-        """Renews a member's lease; the reply says how often to renew it."""
-        return self._heartbeat(self.job(job_id), worker_id, "unary")
+    def heartbeat(self, job_id: str, worker_id: str,
+                  telemetry: state.RankTelemetry | None = None) -> state.HeartbeatReply:
+        """Renews a member's lease (keeping the telemetry it carried); the reply says
+        how often to renew it."""
+        return self._heartbeat(self.job(job_id), worker_id, "unary", telemetry)
 
     def stream_heartbeat(self, job_id: str, worker_id: str, generation: int,
-                         sequence: int) -> None:
+                         sequence: int, telemetry: state.RankTelemetry | None = None) -> None:
         """A heartbeat on a member's negotiation stream: renews its lease and queues
         the answer on that stream (not counted as a negotiation message)."""
         outbox = self._open_streams.get((job_id, worker_id, generation))
         job = self.jobs.get(job_id)
         if outbox is None or job is None:
             return
-        answer = state.StreamHeartbeatAnswer(sequence, self._heartbeat(job, worker_id, "stream"))
+        answer = state.StreamHeartbeatAnswer(
+            sequence, self._heartbeat(job, worker_id, "stream", telemetry))
         outbox.put_nowait(wire.coordinator_message_pb(CoordinatorMessage(heartbeat=answer)))
 
     def lease_of(self, job: state.Job) -> state.Lease:
         """The job's lease and heartbeat interval, sized to the load."""
         return self.leases.get(job.job_id) or self.lease_policy.fastest
 
-    def _heartbeat(self, job: state.Job, worker_id: str, transport: str) -> state.HeartbeatReply:
+    def _heartbeat(self, job: state.Job, worker_id: str, transport: str,
+                   telemetry: state.RankTelemetry | None) -> state.HeartbeatReply:
         lease = self.lease_of(job)
         key = (job.job_id, transport)
         self.heartbeats[key] = self.heartbeats.get(key, 0) + 1
-        return state.heartbeat(job, worker_id, self.clock(), lease.lease_s, lease.interval_s)
+        return state.heartbeat(job, worker_id, self.clock(), lease.lease_s, lease.interval_s,
+                               telemetry)
 
     def get_world(self, job_id: str, worker_id: str) -> state.WorldView:
         """A member's current view."""
@@ -592,6 +599,7 @@ class Coordinator:
         interval = self.settings.stall_check_interval.total_seconds()
         loop = asyncio.get_running_loop()
         last = loop.time()
+        sampled = last
         while True:
             await asyncio.sleep(interval)
             late = loop.time() - last - interval
@@ -599,11 +607,20 @@ class Coordinator:
                 if late > interval:
                     self.forgive_stall(late)
                 self.check()
+                if loop.time() - sampled >= SAMPLE_INTERVAL_S:
+                    sampled = loop.time()
+                    self.sample()
             except Exception:  # a bug in one check must not stop every later one
                 logger.exception("periodic check failed")
             # From the check's end: a slow check is not the loop stalling, and
             # counting it would make every later tick look late.
             last = loop.time()
+
+    def sample(self) -> None:
+        """Adds each running job's sample to its series (see :mod:`.state.telemetry`)."""
+        now = self.clock()
+        for job in self.jobs.values():
+            state.sample_job(job, now)
 
     # ---- doing ------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ dataclasses of :mod:`.state`.
 
 That loop also serves gRPC, so a read must not hold it long, however many
 jobs there are: a route copies what it shows into plain values on the loop,
-a few hundred jobs at a time (:func:`_sliced`), and validates and encodes
+a few hundred jobs at a time (:func:`sliced`), and validates and encodes
 them on one worker thread (:class:`Renderer`). ``GET /api/v1/jobs`` also
 pages (``?offset=&limit=``; the header ``X-Total-Count`` says how many jobs
 there are).
@@ -16,6 +16,7 @@ there are).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Literal, TypeVar
@@ -28,7 +29,22 @@ from . import metrics, state
 from .coordinator import Coordinator
 from .rest_auth import TokenGuard, is_loopback
 
-__all__ = ["EventView", "JobDetail", "JobSummary", "MemberView", "Renderer", "create_app"]
+__all__ = [
+    "CoordinatorDep",
+    "EventView",
+    "JobDetail",
+    "JobSummary",
+    "MemberView",
+    "Renderer",
+    "RendererDep",
+    "create_app",
+    "job_detail_fields",
+    "job_or_404",
+    "json_response",
+    "list_job_rows",
+    "render_summaries",
+    "sliced",
+]
 
 JobStateName = Literal["gathering", "running", "finished", "failed"]
 MemberStateName = Literal["joining", "active", "left", "lost"]
@@ -45,6 +61,18 @@ class MemberView(BaseModel):
     local_rank: int
     last_heartbeat: float
     cause: str = ""
+
+
+class EventView(BaseModel):
+    """One entry of a job's event log; ``rank`` -1 and ``pid`` 0 when no member."""
+
+    unix_ms: int
+    kind: str
+    generation: int
+    rank: int
+    host: str
+    pid: int
+    message: str
 
 
 class JobSummary(BaseModel):
@@ -72,24 +100,17 @@ class JobSummary(BaseModel):
         description="oldest events dropped from the job's log to keep it within "
         "the coordinator's --max-events-per-job"
     )
+    age_s: float = Field(description="seconds since the job's first Join")
+    steps_per_s: float = Field(
+        description="the members' median steps per second, as their heartbeats report it"
+    )
+    last_event: EventView | None = Field(description="the newest event of its log")
 
 
 class JobDetail(JobSummary):
     """A job and its members."""
 
     members: list[MemberView]
-
-
-class EventView(BaseModel):
-    """One entry of a job's event log; ``rank`` -1 and ``pid`` 0 when no member."""
-
-    unix_ms: int
-    kind: str
-    generation: int
-    rank: int
-    host: str
-    pid: int
-    message: str
 
 
 class Health(BaseModel):
@@ -127,7 +148,7 @@ class Renderer:
         self._pool.shutdown(wait=False)
 
 
-async def _sliced(items: Iterable[_T], copy: Callable[[_T], _R]) -> list[_R]:
+async def sliced(items: Iterable[_T], copy: Callable[[_T], _R]) -> list[_R]:
     """``[copy(item) for item in items]``, yielding to the event loop every few hundred."""
     listed = list(items)
     out: list[_R] = []
@@ -138,7 +159,7 @@ async def _sliced(items: Iterable[_T], copy: Callable[[_T], _R]) -> list[_R]:
     return out
 
 
-def _json(body: bytes, headers: dict[str, str] | None = None) -> Response:
+def json_response(body: bytes, headers: dict[str, str] | None = None) -> Response:
     return Response(content=body, media_type="application/json", headers=headers)
 
 
@@ -193,6 +214,21 @@ async def get_metrics(coordinator: CoordinatorDep, render: RendererDep) -> Respo
     return Response(content=body, media_type=metrics.CONTENT_TYPE)
 
 
+class _SummaryCopier:
+    """Copies jobs into summary rows; call on the event loop."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._now = coordinator.clock()
+
+    def __call__(self, job: state.Job) -> dict[str, Any]:
+        return {
+            **_summary_fields(job),
+            "age_s": round(max(0.0, self._now - job.created_at), 3),
+            "steps_per_s": state.job_rates(list(state.active_telemetry(job).values()))[0],
+            "last_event": dataclasses.asdict(job.events[-1]) if job.events else None,
+        }
+
+
 def _summary_fields(job: state.Job) -> dict[str, Any]:
     return {
         "job_id": job.job_id,
@@ -239,14 +275,14 @@ def _joiner_fields(j: state.Joiner) -> dict[str, Any]:
     }
 
 
-def _job(coordinator: Coordinator, job_id: str) -> state.Job:
+def job_or_404(coordinator: Coordinator, job_id: str) -> state.Job:
     job = coordinator.jobs.get(job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"unknown job '{job_id}'")
     return job
 
 
-def _render_summaries(rows: list[dict[str, Any]]) -> bytes:
+def render_summaries(rows: list[dict[str, Any]]) -> bytes:
     return _SUMMARIES.dump_json(_SUMMARIES.validate_python(rows))
 
 
@@ -268,11 +304,17 @@ async def list_jobs(
     ] = None,
 ) -> Response:
     """The jobs this coordinator holds, oldest first; ``X-Total-Count`` counts them all."""
+    rows, total = await list_job_rows(coordinator, offset, limit)
+    body = await render(render_summaries, rows)
+    return json_response(body, {"X-Total-Count": str(total)})
+
+
+async def list_job_rows(coordinator: Coordinator, offset: int, limit: int | None
+                        ) -> tuple[list[dict[str, Any]], int]:
+    """Summary rows of a page of jobs (oldest first), and how many jobs there are."""
     jobs = list(coordinator.jobs.values())
     page = jobs[offset:] if limit is None else jobs[offset:offset + limit]
-    rows = await _sliced(page, _summary_fields)
-    body = await render(_render_summaries, rows)
-    return _json(body, {"X-Total-Count": str(len(jobs))})
+    return await sliced(page, _SummaryCopier(coordinator)), len(jobs)
 
 
 @jobs_router.get(
@@ -280,12 +322,16 @@ async def list_jobs(
 )
 async def get_job(job_id: str, coordinator: CoordinatorDep, render: RendererDep) -> Response:
     """One job with its members; joiners of a gathering round show as "joining"."""
-    job = _job(coordinator, job_id)
-    fields = _summary_fields(job)
+    job = job_or_404(coordinator, job_id)
+    return json_response(await render(_render_detail, await job_detail_fields(job, coordinator)))
+
+
+async def job_detail_fields(job: state.Job, coordinator: Coordinator) -> dict[str, Any]:
+    """A job's summary and members, copied for rendering as a :class:`JobDetail`."""
     joiners = list(job.round.joiners.values()) if job.round is not None else []
-    members = await _sliced(job.members, _member_fields)
-    members += await _sliced(joiners, _joiner_fields)
-    return _json(await render(_render_detail, {**fields, "members": members}))
+    members = await sliced(job.members, _member_fields)
+    members += await sliced(joiners, _joiner_fields)
+    return {**_SummaryCopier(coordinator)(job), "members": members}
 
 
 @jobs_router.get(
@@ -296,8 +342,8 @@ async def get_job(job_id: str, coordinator: CoordinatorDep, render: RendererDep)
 async def list_events(job_id: str, coordinator: CoordinatorDep, render: RendererDep) -> Response:
     """The job's event log, oldest first (joins, generations, losses, resets, ...)."""
     # Events are frozen: the copied list is safe to read on the render thread.
-    events = list(_job(coordinator, job_id).events)
-    return _json(await render(_render_events, events))
+    events = list(job_or_404(coordinator, job_id).events)
+    return json_response(await render(_render_events, events))
 
 
 def create_app(coordinator: Coordinator) -> FastAPI:
@@ -312,4 +358,9 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     app.include_router(health_router)
     app.include_router(metrics_router)
     app.include_router(jobs_router)
+    # Late import: those routes build on this module's models and helpers.
+    from .http_telemetry import live_router, telemetry_router
+
+    app.include_router(telemetry_router)
+    app.include_router(live_router)
     return app

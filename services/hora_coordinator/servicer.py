@@ -140,7 +140,8 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @_mapped
     async def Heartbeat(self, request, context):  # noqa: N802
-        return wire.heartbeat_pb(self._c.heartbeat(request.job_id, request.worker_id))
+        return wire.heartbeat_pb(self._c.heartbeat(
+            request.job_id, request.worker_id, wire.rank_telemetry(request)))
 
     @_mapped
     async def GetWorld(self, request, context):  # noqa: N802
@@ -236,7 +237,8 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
                         coordinator.requests(job_id, worker_id, generation, requests)
                     elif kind == "heartbeat":
                         coordinator.stream_heartbeat(
-                            job_id, worker_id, generation, message.heartbeat.sequence
+                            job_id, worker_id, generation, message.heartbeat.sequence,
+                            wire.rank_telemetry(message.heartbeat),
                         )
             except (grpc.aio.AioRpcError, asyncio.CancelledError):
                 pass  # the stream broke: treated below as closed

@@ -30,6 +30,7 @@ from .messages import (
     TensorRequest,
 )
 from .state.job import JobEvent, MemberState
+from .state.telemetry import RankTelemetry
 from .state.views import HeartbeatReply, WorldMember, WorldView
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "join_response_pb",
     "reattach_request",
     "list_events_response_pb",
+    "rank_telemetry",
     "remove_process_set_request",
     "response_pb",
     "tensor_request_pb",
@@ -57,6 +59,41 @@ _MEMBER_STATE_PB = {
 }
 
 # ---- incoming ---------------------------------------------------------------------------
+
+# Counters above this are a client's nonsense, not training (2**53: exact as a JSON number).
+_COUNT_LIMIT = 1 << 53
+# Seconds, rates and milliseconds above this likewise.
+_FLOAT_LIMIT = 1e12
+
+
+def _count(value: int) -> int:
+    return min(max(value, 0), _COUNT_LIMIT)
+
+
+def _amount(value: float) -> float:
+    # NaN fails both comparisons: it becomes 0.
+    return value if 0.0 <= value <= _FLOAT_LIMIT else (_FLOAT_LIMIT if value > 0 else 0.0)
+
+
+def rank_telemetry(owner: rpb.HeartbeatRequest | npb.StreamHeartbeat) -> RankTelemetry | None:
+    """The telemetry a heartbeat carried (None if none), clamped to sane ranges:
+    it is shown and summed, never trusted."""
+    if not owner.HasField("telemetry"):
+        return None
+    t = owner.telemetry
+    rounds = _count(t.rounds)
+    return RankTelemetry(
+        steps=_count(t.steps),
+        last_step_s=_amount(t.last_step_s),
+        steps_per_s=_amount(t.steps_per_s),
+        batch_size=_count(t.batch_size),
+        rounds=rounds,
+        lateness_p50_ms=_amount(t.lateness_p50_ms),
+        lateness_p95_ms=_amount(t.lateness_p95_ms),
+        last_arrivals=min(_count(t.last_arrivals), rounds),
+        cache_hits=_count(t.cache_hits),
+        cache_misses=_count(t.cache_misses),
+    )
 
 
 def join_request(message: rpb.JoinRequest) -> JoinRequest:

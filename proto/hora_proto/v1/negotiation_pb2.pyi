@@ -176,10 +176,12 @@ class StreamOpen(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class StreamHeartbeat(_message.Message):
-    __slots__ = ("sequence",)
+    __slots__ = ("sequence", "telemetry")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     sequence: int
-    def __init__(self, sequence: _Optional[int] = ...) -> None: ...
+    telemetry: _rendezvous_pb2.RankTelemetry
+    def __init__(self, sequence: _Optional[int] = ..., telemetry: _Optional[_Union[_rendezvous_pb2.RankTelemetry, _Mapping]] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
     __slots__ = ("open", "requests", "heartbeat")

@@ -132,14 +132,40 @@ class LeaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job_id", "worker_id", "generation")
+    __slots__ = ("job_id", "worker_id", "generation", "telemetry")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: str
     generation: int
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    telemetry: RankTelemetry
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., telemetry: _Optional[_Union[RankTelemetry, _Mapping]] = ...) -> None: ...
+
+class RankTelemetry(_message.Message):
+    __slots__ = ("steps", "last_step_s", "steps_per_s", "batch_size", "rounds", "lateness_p50_ms", "lateness_p95_ms", "last_arrivals", "cache_hits", "cache_misses")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_P95_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ARRIVALS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    last_step_s: float
+    steps_per_s: float
+    batch_size: int
+    rounds: int
+    lateness_p50_ms: float
+    lateness_p95_ms: float
+    last_arrivals: int
+    cache_hits: int
+    cache_misses: int
+    def __init__(self, steps: _Optional[int] = ..., last_step_s: _Optional[float] = ..., steps_per_s: _Optional[float] = ..., batch_size: _Optional[int] = ..., rounds: _Optional[int] = ..., lateness_p50_ms: _Optional[float] = ..., lateness_p95_ms: _Optional[float] = ..., last_arrivals: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("generation", "job_state", "lease_ms", "failure", "host_update_epoch", "removals_only", "interval_ms")

@@ -79,14 +79,17 @@ from .process_sets import (
 from .rendezvous import abandoned, cancel_join, join
 from .restore import reattach, restore_job
 from .streams import handle_requests, open_stream
+from .telemetry import RankTelemetry, StragglerSummary, is_straggler, job_rates, stragglers
 from .views import (
     HeartbeatReply,
     StreamHeartbeatAnswer,
     WorldMember,
     WorldView,
+    active_telemetry,
     event_log,
     get_world,
     report_event,
+    sample_job,
     world_view,
 )
 
@@ -110,6 +113,8 @@ __all__ = [
     "LossDecision",
     "Member",
     "MemberState",
+    "RankTelemetry",
+    "StragglerSummary",
     "NewGeneration",
     "Reject",
     "Round",
@@ -118,6 +123,7 @@ __all__ = [
     "WorldMember",
     "WorldView",
     "abandoned",
+    "active_telemetry",
     "add_process_set",
     "call_add_process_set",
     "call_remove_process_set",
@@ -131,6 +137,8 @@ __all__ = [
     "handle_requests",
     "heartbeat",
     "heartbeating_members",
+    "is_straggler",
+    "job_rates",
     "join",
     "leave",
     "new_job",
@@ -141,7 +149,9 @@ __all__ = [
     "remove_process_set",
     "report_event",
     "restore_job",
+    "sample_job",
     "stream_closed",
+    "stragglers",
     "withdraw_set_call",
     "world_view",
 ]

@@ -111,7 +111,9 @@ def form_generation(job: Job, rnd: Round, now: float) -> list[Effect]:
         for rank, (j, p) in enumerate(zip(ordered, placements, strict=True))
     ]
     job.by_worker = {m.worker_id: m for m in job.members}
+    job.telemetry = {w: t for w, t in job.telemetry.items() if w in job.by_worker}
     job.table = NegotiationTable(config.size, config.fusion_threshold_bytes)
+    job.series.mark(now, job.generation, config.size, job.elastic is not None and job.generation > 1)
     text = f"generation {job.generation} formed with {config.size} member(s)"
     if job.elastic is not None and job.generation > 1:
         job.reset_count += 1

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ..messages import JoinRequest
 from ..negotiation import NegotiationTable
+from .telemetry import RankTelemetry, Series
 
 __all__ = [
     "DEFAULT_ELASTIC_TIMEOUT_S",
@@ -203,6 +204,11 @@ class Job:
     history_restarted: bool = False
     # Events the bounded log dropped (the oldest first) to keep its length.
     events_dropped: int = 0
+    # By worker id: the telemetry its newest heartbeat carried (members of
+    # this generation only; see .telemetry).
+    telemetry: dict[str, RankTelemetry] = field(default_factory=dict)
+    # Samples once a second while running, and generation marks.
+    series: Series = field(default_factory=Series)
 
     @property
     def size(self) -> int:

@@ -13,6 +13,7 @@ from .generations import fail_job
 from .job import Job, JobPhase, MemberState
 from .leases import expired
 from .process_sets import overdue_set_calls
+from .telemetry import RankTelemetry
 from .views import JOB_STATE, HeartbeatReply
 
 __all__ = [
@@ -23,7 +24,12 @@ __all__ = [
 
 
 def heartbeat(
-    job: Job, worker_id: str, now: float, lease_s: float, interval_s: float | None = None
+    job: Job,
+    worker_id: str,
+    now: float,
+    lease_s: float,
+    interval_s: float | None = None,
+    telemetry: RankTelemetry | None = None,
 ) -> HeartbeatReply:
     """Renews a member's lease and reports the job's generation and state.
 
@@ -32,6 +38,7 @@ def heartbeat(
     reply grants ``lease_s`` and asks for a heartbeat every ``interval_s``
     (by default a quarter of the lease); the member is judged on that lease
     until its next heartbeat, even if the job's lease shrinks meanwhile.
+    An ACTIVE member's ``telemetry`` replaces what it reported before.
     """
     member = job.by_worker.get(worker_id)
     if member is not None and (
@@ -40,6 +47,8 @@ def heartbeat(
     ):
         member.last_heartbeat = now
         member.lease_s = lease_s
+        if telemetry is not None and member.state is MemberState.ACTIVE:
+            job.telemetry[worker_id] = telemetry
     if interval_s is None:
         interval_s = lease_s / 4
     return HeartbeatReply(

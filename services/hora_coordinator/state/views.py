@@ -1,4 +1,5 @@
-"""What members and readers see of a job: world views, heartbeat replies, the event log.
+"""What members and readers see of a job: world views, heartbeat replies, the event
+log, and the active ranks' telemetry sampled into the job's series.
 
 :class:`WorldView`, :class:`WorldMember`, :class:`HeartbeatReply` and
 :class:`StreamHeartbeatAnswer` are the twins of ``hora.v1.WorldView``,
@@ -13,16 +14,19 @@ from dataclasses import dataclass
 from ..errors import InvalidRequestError, UnknownError, shown_id
 from ..messages import JobState
 from .job import Job, JobEvent, JobPhase, Member, MemberState, record
+from .telemetry import RankTelemetry, Sample
 
 __all__ = [
     "JOB_STATE",
     "HeartbeatReply",
+    "active_telemetry",
     "StreamHeartbeatAnswer",
     "WorldMember",
     "WorldView",
     "event_log",
     "get_world",
     "report_event",
+    "sample_job",
     "world_members",
     "world_view",
 ]
@@ -158,3 +162,17 @@ def report_event(job: Job, kind: str, host: str, message: str, now: float) -> No
 def event_log(job: Job) -> list[JobEvent]:
     """The job's event log, oldest first (what ``ListEvents`` and ``/events`` serve)."""
     return list(job.events)
+
+
+def active_telemetry(job: Job) -> dict[int, RankTelemetry]:
+    """Rank -> the telemetry of each ACTIVE member that has reported any."""
+    return {m.rank: t for m in job.members if m.state is MemberState.ACTIVE
+            and (t := job.telemetry.get(m.worker_id)) is not None}
+
+
+def sample_job(job: Job, now: float) -> Sample | None:
+    """Adds a running job's sample at ``now`` to its series (None: not running)."""
+    if job.phase is not JobPhase.RUNNING:
+        return None
+    return job.series.sample(now, job.generation, job.size,
+                             list(active_telemetry(job).values()), job.negotiation_messages)
