@@ -75,7 +75,8 @@ class Stream(Protocol):
 
     def send(self, request: negotiation_pb2.TensorRequest) -> None: ...
 
-    def heartbeat(self, sequence: int) -> None: ...
+    def heartbeat(self, sequence: int,
+                  telemetry: rendezvous_pb2.RankTelemetry | None = None) -> None: ...
 
     def __iter__(self) -> Iterator[negotiation_pb2.CoordinatorMessage]: ...
 
@@ -86,7 +87,8 @@ class CoordinatorLink(Protocol):
     """What the engine asks of a coordinator: :class:`CoordinatorClient` over gRPC,
     or :class:`hora._solo.SoloClient` in a world of one."""
 
-    def heartbeat(self, generation: int) -> rendezvous_pb2.HeartbeatResponse: ...
+    def heartbeat(self, generation: int, telemetry: rendezvous_pb2.RankTelemetry | None = None
+                  ) -> rendezvous_pb2.HeartbeatResponse: ...
 
     def leave(self, reason: str = "shutdown", rejoin: bool = False) -> None: ...
 
@@ -318,9 +320,11 @@ class CoordinatorClient:
         except CoordinatorError as exc:
             log.debug("leave failed: %s", exc)
 
-    def heartbeat(self, generation: int) -> rendezvous_pb2.HeartbeatResponse:
+    def heartbeat(self, generation: int, telemetry: rendezvous_pb2.RankTelemetry | None = None
+                  ) -> rendezvous_pb2.HeartbeatResponse:
         request = rendezvous_pb2.HeartbeatRequest(
-            job_id=self.job_id, worker_id=self.worker_id, generation=generation)
+            job_id=self.job_id, worker_id=self.worker_id, generation=generation,
+            telemetry=telemetry)
         return self._call("heartbeat", self._rendezvous.Heartbeat, request,
                           max(self.settings.heartbeat_interval * 5, timedelta(seconds=2)),
                           wait_out_outage=False)
@@ -531,10 +535,12 @@ class NegotiationStream:
         """Queues one tensor request for the coordinator."""
         self._queue.put(request)
 
-    def heartbeat(self, sequence: int) -> None:
-        """Queues a heartbeat; its answer comes back on the stream, in order."""
+    def heartbeat(self, sequence: int,
+                  telemetry: rendezvous_pb2.RankTelemetry | None = None) -> None:
+        """Queues a heartbeat (with this rank's telemetry); its answer comes back on the
+        stream, in order."""
         self._queue.put(negotiation_pb2.WorkerMessage(
-            heartbeat=negotiation_pb2.StreamHeartbeat(sequence=sequence)))
+            heartbeat=negotiation_pb2.StreamHeartbeat(sequence=sequence, telemetry=telemetry)))
 
     def __iter__(self) -> Iterator[negotiation_pb2.CoordinatorMessage]:
         """Yields coordinator messages until the stream ends.

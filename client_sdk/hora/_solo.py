@@ -51,7 +51,8 @@ class SoloClient:
             cross_rank=0, cross_size=1, is_homogeneous=True, members=[member],
             store_prefix=f"{self.job_id}/gen-1/")
 
-    def heartbeat(self, generation: int) -> rendezvous_pb2.HeartbeatResponse:
+    def heartbeat(self, generation: int, telemetry: rendezvous_pb2.RankTelemetry | None = None
+                  ) -> rendezvous_pb2.HeartbeatResponse:
         return rendezvous_pb2.HeartbeatResponse(generation=generation,
                                                 job_state=rendezvous_pb2.JOB_STATE_RUNNING)
 
@@ -104,7 +105,8 @@ class SoloStream:
     def send(self, request: negotiation_pb2.TensorRequest) -> None:
         self.deliver(self._client.submit(request))
 
-    def heartbeat(self, sequence: int) -> None:
+    def heartbeat(self, sequence: int,
+                  telemetry: rendezvous_pb2.RankTelemetry | None = None) -> None:
         """Answered at once: the job of one runs as long as this process does."""
         self.deliver([negotiation_pb2.CoordinatorMessage(
             heartbeat=negotiation_pb2.StreamHeartbeatAnswer(

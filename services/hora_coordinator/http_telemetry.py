@@ -98,7 +98,8 @@ class RankView(BaseModel):
     lateness_p95_ms: float
     last_arrivals: int = Field(description="rounds at which it arrived last")
     last_share: float = Field(description="last_arrivals / rounds")
-    straggler: bool = Field(description="it arrives last far more often than chance, and late")
+    straggler: bool = Field(
+        description="it arrives last far more often than chance, and late (p95 of 5 ms or more)")
 
 
 class StragglerView(BaseModel):
@@ -106,10 +107,12 @@ class StragglerView(BaseModel):
 
     slowest_rank: int | None = Field(description="null until ranks have reported rounds")
     host: str
-    last_share: float
+    last_share: float = Field(description="share of the rounds it arrived at last")
     lateness_p50_ms: float
+    lateness_p95_ms: float
     rounds: int
-    is_straggler: bool = Field(description="more often last than chance would have it")
+    is_straggler: bool = Field(
+        description="last far more often than chance would have it, and late at the p95")
 
 
 class NegotiationView(BaseModel):
@@ -273,6 +276,7 @@ def _straggler_fields(job: state.Job, ranks: dict[int, state.RankTelemetry]) -> 
         "host": host,
         "last_share": summary.last_share,
         "lateness_p50_ms": summary.lateness_p50_ms,
+        "lateness_p95_ms": summary.lateness_p95_ms,
         "rounds": summary.rounds,
         "is_straggler": summary.is_straggler,
     }

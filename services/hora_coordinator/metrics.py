@@ -33,6 +33,23 @@ Exported series::
                                               negotiation streams ("stream")
     hora_lease_seconds{job_id}                the job's lease, sized to the load
     hora_heartbeat_interval_seconds{job_id}   how often its members renew it
+    hora_job_steps_per_second{job_id}         the members' median step rate
+    hora_job_samples_per_second{job_id}       summed over members that gave a batch size
+    hora_job_messages_per_step{job_id}        coordinator messages per step, last 10 s
+                                              (0 in steady state)
+    hora_job_cache_hit_ratio{job_id}          tensors agreed from the response cache /
+                                              all cacheable tensors
+    hora_rank_steps_total{job_id,rank,host}   optimizer steps done by the rank (counter)
+    hora_rank_steps_per_second{job_id,rank,host}
+    hora_rank_straggler_lag_seconds{job_id,rank,host,quantile}
+                                              how long after the first rank it arrives at
+                                              agreement rounds (quantile 0.5 and 0.95)
+    hora_rank_last_arrival_ratio{job_id,rank,host}
+                                              share of rounds it arrived at last
+
+The job-level telemetry series are absent until a member has reported (and
+samples per second until a script gave its batch size); the per-rank ones
+cover the active members that have reported.
 
 Every state label value is always present (0 when empty), so a series does
 not vanish when its last member or job moves on.
@@ -88,6 +105,11 @@ class JobSample:
     heartbeats: tuple[tuple[str, int], ...]  # (transport, count)
     lease_s: float
     interval_s: float
+    # Telemetry: the newest sample of the job's series, and (rank, host, telemetry)
+    # of each active member that reported.
+    latest: state.Sample | None = None
+    cache_hit_ratio: float | None = None
+    ranks: tuple[tuple[int, str, state.RankTelemetry], ...] = ()
 
 
 class _Sampler:
@@ -99,6 +121,7 @@ class _Sampler:
 
     def __call__(self, job: state.Job) -> JobSample:
         boxes, waiting = self._held.get(job.job_id, (0, 0))
+        reported = state.active_telemetry(job)
         return JobSample(
             job_id=job.job_id,
             phase=job.phase,
@@ -118,6 +141,9 @@ class _Sampler:
             ),
             lease_s=(lease := self._c.lease_of(job)).lease_s,
             interval_s=lease.interval_s,
+            latest=job.series.latest if job.phase is state.JobPhase.RUNNING else None,
+            cache_hit_ratio=_hit_ratio(reported.values()),
+            ranks=tuple((rank, job.members[rank].host, t) for rank, t in reported.items()),
         )
 
 
@@ -145,7 +171,7 @@ async def sample_jobs_sliced(coordinator: Coordinator) -> list[JobSample]:
     return out
 
 
-def families(samples: Iterable[JobSample]) -> Iterator[Metric]:
+def families(samples: Sequence[JobSample]) -> Iterator[Metric]:
     """The metric families listed in the module docstring, built from ``samples``."""
     messages = CounterMetricFamily(
         "hora_negotiation_messages",
@@ -236,6 +262,7 @@ def families(samples: Iterable[JobSample]) -> Iterator[Metric]:
         jobs.add_metric([phase.value], count)
     yield from (messages, tensors, errors, generation, resets, members, jobs)
     yield from (sent, outboxes, queued, dropped, heartbeats, lease, interval)
+    yield from _telemetry_families(samples)
 
 
 class CoordinatorCollector(Collector):
@@ -263,6 +290,62 @@ class _Samples(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from families(self._samples)
+
+
+def _hit_ratio(telemetry: Iterable[state.RankTelemetry]) -> float | None:
+    hits = misses = 0
+    for t in telemetry:
+        hits += t.cache_hits
+        misses += t.cache_misses
+    return hits / (hits + misses) if hits + misses else None
+
+
+def _telemetry_families(samples: Iterable[JobSample]) -> Iterator[Metric]:
+    """The job- and rank-level telemetry families."""
+    job_label = ["job_id"]
+    rank_labels = ["job_id", "rank", "host"]
+    steps_rate = GaugeMetricFamily(
+        "hora_job_steps_per_second", "The members' median steps per second.", labels=job_label)
+    samples_rate = GaugeMetricFamily(
+        "hora_job_samples_per_second",
+        "Samples per second, summed over the members that gave their batch size.",
+        labels=job_label)
+    per_step = GaugeMetricFamily(
+        "hora_job_messages_per_step",
+        "Coordinator messages per training step over the last 10 s (0 in steady state).",
+        labels=job_label)
+    hit_ratio = GaugeMetricFamily(
+        "hora_job_cache_hit_ratio",
+        "Tensors agreed from the response cache, of all cacheable tensors.", labels=job_label)
+    rank_steps = CounterMetricFamily(
+        "hora_rank_steps", "Optimizer steps done by the rank's process.", labels=rank_labels)
+    rank_rate = GaugeMetricFamily(
+        "hora_rank_steps_per_second", "The rank's steps per second.", labels=rank_labels)
+    lag = GaugeMetricFamily(
+        "hora_rank_straggler_lag_seconds",
+        "How long after the first rank this rank arrives at agreement rounds.",
+        labels=[*rank_labels, "quantile"])
+    last = GaugeMetricFamily(
+        "hora_rank_last_arrival_ratio",
+        "Share of the agreement rounds at which the rank arrived last.", labels=rank_labels)
+    for job in samples:
+        labels = [job.job_id]
+        if job.latest is not None and job.ranks:
+            steps_rate.add_metric(labels, job.latest.steps_per_s)
+            if job.latest.samples_per_s is not None:
+                samples_rate.add_metric(labels, job.latest.samples_per_s)
+            if job.latest.messages_per_step is not None:
+                per_step.add_metric(labels, job.latest.messages_per_step)
+        if job.cache_hit_ratio is not None:
+            hit_ratio.add_metric(labels, job.cache_hit_ratio)
+        for rank, host, t in job.ranks:
+            of_rank = [job.job_id, str(rank), host]
+            rank_steps.add_metric(of_rank, t.steps)
+            rank_rate.add_metric(of_rank, t.steps_per_s)
+            lag.add_metric([*of_rank, "0.5"], t.lateness_p50_ms / 1000)
+            lag.add_metric([*of_rank, "0.95"], t.lateness_p95_ms / 1000)
+            last.add_metric(of_rank, t.last_share)
+    yield from (steps_rate, samples_rate, per_step, hit_ratio, rank_steps, rank_rate, lag, last)
 
 
 def _member_counts(job: state.Job) -> dict[state.MemberState, int]:

@@ -41,6 +41,7 @@ from .cache import ResponseCache, Signature
 from .executor import Executor
 from .pending import Entry, Handle, Pending
 from .process_sets import ResponseList
+from .telemetry import TELEMETRY
 from .tuning import CachedPathTuning
 
 if TYPE_CHECKING:
@@ -60,7 +61,12 @@ Ready = list[tuple[int, Signature, Entry]]
 
 @dataclasses.dataclass
 class ControlVector:
-    """What one rank brings to a round; on the wire, ``slots`` then the five fields."""
+    """What one rank brings to a round; on the wire, ``slots`` then the seven fields.
+
+    ``wait_us`` and ``minus_wait_us`` carry this rank's wait in the previous
+    round as ``w`` and ``-w``: agreed, they are the shortest wait and minus the
+    longest (:mod:`.telemetry`).
+    """
 
     slots: list[int]
     lists_received: int
@@ -68,16 +74,22 @@ class ControlVector:
     fusion_threshold_kib: int = UNSET
     cycle_us: int = UNSET
     payload_budget: int = UNSET
+    wait_us: int = 0
+    minus_wait_us: int = 0
+
+    _FIELDS = 7
 
     def encode(self) -> list[int]:
         return [*self.slots, self.lists_received, int(self.cache_usable),
-                self.fusion_threshold_kib, self.cycle_us, self.payload_budget]
+                self.fusion_threshold_kib, self.cycle_us, self.payload_budget,
+                self.wait_us, self.minus_wait_us]
 
     @classmethod
     def decode(cls, values: list[int]) -> ControlVector:
-        width = len(values) - 5
-        received, usable, threshold, cycle, budget = values[width:]
-        return cls(values[:width], received, bool(usable), threshold, cycle, budget)
+        width = len(values) - cls._FIELDS
+        received, usable, threshold, cycle, budget, wait, minus_wait = values[width:]
+        return cls(values[:width], received, bool(usable), threshold, cycle, budget,
+                   wait, minus_wait)
 
     @staticmethod
     def agree(vectors: list[list[int]]) -> list[int]:
@@ -122,6 +134,10 @@ class Agreement:
         self._cycle_s = settings.cycle_time.total_seconds()
         # Until the first round has agreed on rank 0's budget, rounds carry no payload.
         self._agreed_budget = 0
+        # This rank's wait in its previous round (µs), handed in with the next
+        # one; -1 before the first (:mod:`.telemetry`).
+        self._waited_us = -1
+        TELEMETRY.new_world()
         pending.on_fail.append(self._drop_all)
 
     # -- taking work (callers hold the lock) ------------------------------------
@@ -172,6 +188,7 @@ class Agreement:
                 misses.append(entry)
                 continue
             self._cached_pending[slot] = entry
+        TELEMETRY.cache(len(self._unclassified) - len(misses), len(misses))
         self._unclassified.clear()
         return misses
 
@@ -290,19 +307,25 @@ class Agreement:
             for slot in self._invalid_slots:
                 slots[slot] = INVALID
             self._invalid_slots.clear()
+            waited = max(self._waited_us, 0)
             vector = ControlVector(slots, self._received,
-                                   self._cache_on and self._join is None)
+                                   self._cache_on and self._join is None,
+                                   wait_us=waited, minus_wait_us=-waited)
             if self.rank == 0:
                 vector.fusion_threshold_kib, vector.cycle_us = self.tuning.proposal()
                 vector.payload_budget = self._mesh.budget if self._mesh is not None else 0
             if self._join is not None:
                 self._join_announced = True
+        arrived = time.monotonic()
         try:
             agreed, mesh_round = self._exchange(vector, ready)
         except BackendError as exc:
             self._pending.fail(HorovodInternalError(
                 f"data plane failed on rank {self.rank} agreeing on ready tensors: {exc}"))
             return
+        if self._waited_us >= 0:
+            TELEMETRY.round(vector.wait_us, -agreed.minus_wait_us, agreed.wait_us)
+        self._waited_us = int((time.monotonic() - arrived) * 1e6)
         self.rounds += 1
         self._executor.timeline.cycle_start()
         self._cycle_s = agreed.cycle_us / 1e6

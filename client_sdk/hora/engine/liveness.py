@@ -6,7 +6,8 @@ changed (for elastic training). It starts as soon as the world is joined, so
 that bootstrapping the data plane never outlasts the lease, with unary
 Heartbeat calls; once the negotiation stream is open (:meth:`Liveness.attach`)
 it heartbeats on that stream instead, which costs the coordinator about a
-third of a call. The coordinator says how often (``interval_ms``): it sizes
+third of a call. Each heartbeat carries this rank's telemetry for the
+dashboard (:mod:`.telemetry`), a few dozen bytes. The coordinator says how often (``interval_ms``): it sizes
 interval and lease to its load. Silence from the coordinator for longer than
 the outage timeout fails the generation; shorter silences (a restart, a
 pause) are waited out while training goes on. The coordinator warns of stalled negotiations itself; the cached
@@ -27,6 +28,7 @@ from .._client import CoordinatorLink
 from ..errors import CoordinatorError, HorovodInternalError
 from ..settings import Settings
 from .pending import Entry, Pending
+from .telemetry import TELEMETRY
 
 __all__ = ["Liveness"]
 
@@ -53,7 +55,7 @@ class Liveness:
         self._generation = generation
         self._rank = rank
         self._pending = pending
-        self._send_on_stream: Callable[[int], None] | None = None
+        self._send_on_stream: Callable[[int, rendezvous_pb2.RankTelemetry], None] | None = None
         self._cached_stalls: StallCheck | None = None
         self._sequence = 0
         self._interval = settings.heartbeat_interval.total_seconds()
@@ -62,9 +64,11 @@ class Liveness:
         self.note(client.heartbeat(generation))
         self.thread = threading.Thread(target=self._loop, name="hora-heartbeat", daemon=True)
 
-    def attach(self, send_on_stream: Callable[[int], None], cached_stalls: StallCheck) -> None:
-        """From now on, heartbeats go on the negotiation stream (``send_on_stream(sequence)``);
-        the stream's reader hands their answers to :meth:`answered`."""
+    def attach(self, send_on_stream: Callable[[int, rendezvous_pb2.RankTelemetry], None],
+               cached_stalls: StallCheck) -> None:
+        """From now on, heartbeats go on the negotiation stream
+        (``send_on_stream(sequence, telemetry)``); the stream's reader hands their
+        answers to :meth:`answered`."""
         self._cached_stalls = cached_stalls
         self._send_on_stream = send_on_stream
 
@@ -90,10 +94,10 @@ class Liveness:
             send = self._send_on_stream
             if send is not None:
                 self._sequence += 1
-                send(self._sequence)
+                send(self._sequence, TELEMETRY.summary())
             else:
                 try:
-                    self.note(self._client.heartbeat(self._generation))
+                    self.note(self._client.heartbeat(self._generation, TELEMETRY.summary()))
                 except CoordinatorError as exc:
                     log.debug("heartbeat failed: %s", exc)
             # The coordinator may be away (restarting, stopped, the network

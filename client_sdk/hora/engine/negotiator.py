@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from hora_proto.v1 import negotiation_pb2
+from hora_proto.v1 import negotiation_pb2, rendezvous_pb2
 
 from .._client import CoordinatorLink
 from ..errors import (
@@ -79,11 +79,12 @@ class Negotiator:
             self._awaiting[request.name] = request
             self._stream.send(request)
 
-    def heartbeat(self, sequence: int) -> None:
+    def heartbeat(self, sequence: int,
+                  telemetry: rendezvous_pb2.RankTelemetry | None = None) -> None:
         """Renews this member's lease on the stream; the answer goes to ``on_heartbeat``.
         (While the coordinator is away it goes nowhere, which is fine.)"""
         with self._send_lock:
-            self._stream.heartbeat(sequence)
+            self._stream.heartbeat(sequence, telemetry)
 
     def close(self) -> None:
         self._stream.close()

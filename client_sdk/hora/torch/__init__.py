@@ -1,6 +1,7 @@
 """hora.torch: Horovod's PyTorch API on hora. ``import hora.torch as hvd``."""
 
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt, InvalidCallError
+from ..telemetry import report_step, set_batch_size
 from . import elastic
 from .compression import Compression
 from .functions import (
@@ -87,6 +88,6 @@ __all__ = [
     "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join",
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "remove_process_set",
-    "rocm_built", "shutdown", "size", "sparse_allreduce_async", "start_timeline",
+    "report_step", "rocm_built", "set_batch_size", "shutdown", "size", "sparse_allreduce_async", "start_timeline",
     "stop_timeline", "synchronize",
 ]

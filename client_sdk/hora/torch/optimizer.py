@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .. import _runtime
+from ..engine.telemetry import TELEMETRY
 from ._adasum_rule import adasum_reduce
 from .compression import Compression
 from .mpi_ops import (
@@ -293,7 +294,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"optimizer.step() inside skip_synchronize() with {len(self._pending)} gradient "
                 f"allreduce(s) still outstanding; call optimizer.synchronize() first")
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        loss = super(self.__class__, self).step(closure)
+        TELEMETRY.step()
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._drop_stale_step()
@@ -401,6 +404,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                     rows = synchronize(handle)
                     combined = adasum_reduce(list(rows.unbind(0))).reshape(shape)
                     p.copy_(start + self._compression.decompress(combined, ctx))
+        TELEMETRY.step()
         return loss
 
 

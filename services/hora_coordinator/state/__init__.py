@@ -79,7 +79,7 @@ from .process_sets import (
 from .rendezvous import abandoned, cancel_join, join
 from .restore import reattach, restore_job
 from .streams import handle_requests, open_stream
-from .telemetry import RankTelemetry, StragglerSummary, is_straggler, job_rates, stragglers
+from .telemetry import RankTelemetry, Sample, StragglerSummary, is_straggler, job_rates, stragglers
 from .views import (
     HeartbeatReply,
     StreamHeartbeatAnswer,
@@ -114,6 +114,7 @@ __all__ = [
     "Member",
     "MemberState",
     "RankTelemetry",
+    "Sample",
     "StragglerSummary",
     "NewGeneration",
     "Reject",

@@ -37,10 +37,13 @@ MARKS_LENGTH = 1000
 # The window over which messages per step are counted (seconds).
 _MESSAGES_WINDOW_S = 10.0
 # A rank is a straggler when it arrives last this much more often than chance
-# would have it, and at least this late at the median.
-_LAST_OVER_CHANCE = 1.5
-_LAST_SHARE_CAP = 0.75
-_STRAGGLER_MIN_LATENESS_MS = 1.0
+# would have it (rounds where the ranks came together count nobody last, so
+# without a straggler the shares stay below chance), and at least this late
+# at the 95th percentile. A step holds several rounds and only the first may
+# wait for a slow rank, so the median can stay small even for a straggler.
+_LAST_OVER_CHANCE = 1.25
+_LAST_SHARE_CAP = 0.6
+_STRAGGLER_MIN_LATENESS_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ class StragglerSummary:
     slowest_rank: int | None
     last_share: float
     lateness_p50_ms: float
+    lateness_p95_ms: float
     rounds: int
     is_straggler: bool
 
@@ -161,15 +165,15 @@ def is_straggler(telemetry: RankTelemetry, size: int) -> bool:
         return False
     needed = min(_LAST_SHARE_CAP, _LAST_OVER_CHANCE / size)
     return (telemetry.last_share > needed
-            and telemetry.lateness_p50_ms >= _STRAGGLER_MIN_LATENESS_MS)
+            and telemetry.lateness_p95_ms >= _STRAGGLER_MIN_LATENESS_MS)
 
 
 def stragglers(by_rank: dict[int, RankTelemetry], size: int) -> StragglerSummary:
     """The summary over the active ranks' telemetry (rank -> telemetry)."""
     counted = {rank: t for rank, t in by_rank.items() if t.rounds > 0}
     if not counted:
-        return StragglerSummary(None, 0.0, 0.0, 0, False)
-    rank = max(counted, key=lambda r: (counted[r].last_share, counted[r].lateness_p50_ms))
+        return StragglerSummary(None, 0.0, 0.0, 0.0, 0, False)
+    rank = max(counted, key=lambda r: (counted[r].last_share, counted[r].lateness_p95_ms))
     worst = counted[rank]
-    return StragglerSummary(rank, worst.last_share, worst.lateness_p50_ms, worst.rounds,
-                            is_straggler(worst, size))
+    return StragglerSummary(rank, worst.last_share, worst.lateness_p50_ms,
+                            worst.lateness_p95_ms, worst.rounds, is_straggler(worst, size))
