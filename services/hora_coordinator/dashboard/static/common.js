@@ -31,6 +31,12 @@ window.hora = (() => {
     return node;
   }
 
+  /** Replaces a node's children (null, undefined and false are left out; arrays flattened). */
+  function fill(node, ...children) {
+    node.replaceChildren();
+    return append(node, children);
+  }
+
   /** An HTML element: h("td", {class: "x"}, "text", child, ...). */
   function h(tag, attrs, ...children) {
     return append(setAttrs(document.createElement(tag), attrs), children);
@@ -248,7 +254,7 @@ window.hora = (() => {
   }
 
   return {
-    h, s, url, getJSON, HttpError, stream, setLive, dropTokenFromAddress,
+    h, s, fill, url, getJSON, HttpError, stream, setLive, dropTokenFromAddress,
     duration, number, ms, percent, clock, badge, timeChart, legend,
   };
 })();

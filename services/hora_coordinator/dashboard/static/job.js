@@ -10,7 +10,7 @@
 
 (() => {
   const H = window.hora;
-  const {h, badge, duration, number, ms, percent, clock} = H;
+  const {h, fill, badge, duration, number, ms, percent, clock} = H;
 
   const jobId = decodeURIComponent(location.pathname.slice(location.pathname.lastIndexOf("/") + 1));
   const path = `api/v1/jobs/${encodeURIComponent(jobId)}`;
@@ -80,7 +80,7 @@
     const job = state.job;
     const tel = state.tel;
     const bounds = job.elastic ? `${job.min_size} – ${job.max_size > 0 ? job.max_size : "∞"}` : "fixed";
-    $("job-head").replaceChildren(
+    fill($("job-head"),
       h("div", {class: "job-title"},
         h("h1", {id: "job-id"}, job.job_id),
         badge(`job-${job.state}`, job.state, "big"),
@@ -102,7 +102,7 @@
       notes.push(h("p", {}, `${job.events_dropped} oldest event(s) were dropped from the log (--max-events-per-job).`));
     }
     const banner = $("banner");
-    banner.replaceChildren(...notes);
+    fill(banner, ...notes);
     banner.hidden = notes.length === 0;
   }
 
@@ -177,10 +177,10 @@
     const gone = departedCards();
     const body = $("ranks-body");
     if (!cards.length && !gone.length) {
-      body.replaceChildren(h("p", {class: "empty"}, "No members yet: the job waits for its workers to join."));
+      fill(body, h("p", {class: "empty"}, "No members yet: the job waits for its workers to join."));
       return;
     }
-    body.replaceChildren(
+    fill(body,
       h("div", {class: "rank-grid", id: "rank-grid"}, cards),
       gone.length ? h("h3", {class: "sub"}, `Gone since generation ${state.job.generation - 1}`) : null,
       gone.length ? h("div", {class: "rank-grid", id: "departed-grid"}, gone) : null);
@@ -203,7 +203,7 @@
       + (resets !== job.reset_count ? ` (${resets} in view)` : "");
     const body = $("world-body");
     if (!state.series.length && !state.marks.length) {
-      body.replaceChildren(h("p", {class: "empty"}, "No samples yet: the coordinator samples a job once a second while it runs."));
+      fill(body, h("p", {class: "empty"}, "No samples yet: the coordinator samples a job once a second while it runs."));
       return;
     }
     const hlines = [];
@@ -215,7 +215,7 @@
     // The sizes the generations formed with: the steps of the line between samples.
     for (const m of state.marks) points.push([m.unix_ms, m.size]);
     points.sort((a, b) => a[0] - b[0]);
-    body.replaceChildren(
+    fill(body,
       H.timeChart({lines: [{name: "size", cls: "size", points, step: true}], marks: markLines(), hlines,
         integer: true, yFormat: (v) => String(Math.round(v)), xEnd: state.tel.unix_ms, gapMs: 1e12}),
       H.legend([["size", "world size"], ["gen", "generation formed"], ["reset", "reset (new generation after a change)"]]));
@@ -229,7 +229,7 @@
       ? `${number(last.steps_per_s, 1)} steps/s` + (last.samples_per_s !== null ? ` · ${number(last.samples_per_s, 0)} samples/s` : "")
       : "";
     if (!pts.some((p) => p.steps_per_s > 0 || p.steps > 0)) {
-      body.replaceChildren(h("p", {class: "empty"}, "No steps reported yet."));
+      fill(body, h("p", {class: "empty"}, "No steps reported yet."));
       return;
     }
     const charts = [
@@ -244,7 +244,7 @@
     } else {
       charts.push(h("p", {class: "muted small"}, "samples/s shows once the script calls hvd.set_batch_size(n)."));
     }
-    body.replaceChildren(...charts);
+    fill(body, ...charts);
   }
 
   // ---- negotiation ---------------------------------------------------------
@@ -255,7 +255,7 @@
     $("negotiation-note").textContent = n.messages_per_step === null ? "no steps yet"
       : steady ? "steady state: the coordinator is off the hot path" : "the coordinator takes part in the steps";
     const pts = state.series.map((p) => [p.unix_ms, p.messages_per_step]);
-    $("negotiation-body").replaceChildren(
+    fill($("negotiation-body"),
       h("div", {class: "tiles"},
         h("div", {class: "tile", "data-stat": "negotiated"}, h("span", {class: "tile-value"}, number(n.negotiated_tensors, 0)), h("span", {class: "tile-label"}, "tensors negotiated")),
         h("div", {class: "tile", "data-stat": "messages"}, h("span", {class: "tile-value"}, number(n.negotiation_messages, 0)), h("span", {class: "tile-label"}, "coordinator messages")),
@@ -277,20 +277,21 @@
     const rows = state.tel.ranks.filter((r) => r.state === "active" && r.reported && r.rounds > 0);
     const body = $("stragglers-body");
     if (st.slowest_rank === null || !rows.length) {
-      body.replaceChildren(h("p", {class: "empty"}, "No agreement rounds reported yet."));
+      fill(body, h("p", {class: "empty"}, "No agreement rounds reported yet."));
       return;
     }
     const verdict = st.is_straggler
       ? `rank ${st.slowest_rank} (${st.host}) is a straggler`
       : `rank ${st.slowest_rank} (${st.host}) arrives last most often, within chance`;
     const maxP95 = Math.max(1, ...rows.map((r) => r.lateness_p95_ms));
-    body.replaceChildren(
+    fill(body,
       h("p", {class: `headline ${st.is_straggler ? "straggling" : ""}`, id: "slowest",
         "data-slowest-rank": st.slowest_rank, "data-straggler": st.is_straggler ? "true" : "false"},
       h("strong", {}, verdict), ": last at ", percent(st.last_share), " of ", number(st.rounds, 0),
       " rounds, ", ms(st.lateness_p50_ms), " late at the median, ", ms(st.lateness_p95_ms), " at p95."),
       h("table", {class: "table stragglers"},
-        h("thead", {}, h("tr", {}, ["rank", "host", "p50 late", "p95 late", "", "last at", "rounds"].map((t) => h("th", {}, t)))),
+        h("thead", {}, h("tr", {}, [["rank", "num"], ["host"], ["p50 late", "num"], ["p95 late", "num"], [""],
+          ["last at", "num"], ["rounds", "num"]].map(([t, cls]) => h("th", {class: cls}, t)))),
         h("tbody", {}, rows.sort((a, b) => a.rank - b.rank).map((r) => {
           const bar = h("span", {class: "bar-fill"});
           bar.style.width = `${Math.max(1, (r.lateness_p95_ms / maxP95) * 100).toFixed(1)}%`;
@@ -315,8 +316,8 @@
     const have = [...kindSelect.options].slice(1).map((o) => o.value);
     if (kinds.join("\u0000") === have.join("\u0000")) return;
     const chosen = kindSelect.value;
-    kindSelect.replaceChildren(h("option", {value: ""}, "all"),
-      kinds.map((k) => h("option", {value: k}, k)));
+    fill(kindSelect, h("option", {value: ""}, "all"),
+      ...kinds.map((k) => h("option", {value: k}, k)));
     kindSelect.value = kinds.includes(chosen) ? chosen : "";
   }
 
@@ -326,7 +327,7 @@
     const text = textFilter.value.trim().toLowerCase();
     const body = $("events-body");
     if (!state.events.length) {
-      body.replaceChildren(h("p", {class: "empty"}, "No events yet."));
+      fill(body, h("p", {class: "empty"}, "No events yet."));
       return;
     }
     const matching = [];
@@ -343,9 +344,10 @@
       h("td", {class: "num"}, String(e.generation)),
       h("td", {class: "who"}, e.rank >= 0 ? `rank ${e.rank}` : "", e.host ? ` ${e.host}` : "", e.pid > 0 ? ` pid ${e.pid}` : ""),
       h("td", {class: "message"}, e.message)));
-    body.replaceChildren(
+    fill(body,
       matching.length ? h("table", {class: "table events", id: "event-table"},
-        h("thead", {}, h("tr", {}, ["time", "kind", "gen", "who", "what"].map((t) => h("th", {}, t)))),
+        h("thead", {}, h("tr", {}, [["time"], ["kind"], ["gen", "num"], ["who"], ["what"]]
+          .map(([t, cls]) => h("th", {class: cls}, t)))),
         h("tbody", {}, rows)) : h("p", {class: "empty"}, "No event matches the filter."),
       h("p", {class: "muted small"}, `${matching.length < SHOWN_EVENTS ? matching.length : `the newest ${SHOWN_EVENTS}`} of ${state.events.length} events, newest first`));
   }
@@ -365,7 +367,7 @@
 
   function showMissing(err) {
     const missing = err.status === 404;
-    $("job-head").replaceChildren(h("div", {class: "job-title"}, h("h1", {id: "job-id"}, jobId),
+    fill($("job-head"), h("div", {class: "job-title"}, h("h1", {id: "job-id"}, jobId),
       badge(missing ? "plain" : "job-failed", missing ? "not here (yet)" : "unreachable", "big")),
     h("p", {class: missing ? "muted" : "error"}, missing
       ? "The coordinator has no such job (yet). This page shows it once its first worker joins."

@@ -2,7 +2,7 @@
 "use strict";
 
 (() => {
-  const {h, getJSON, stream, setLive, dropTokenFromAddress, duration, number, badge, clock} = window.hora;
+  const {h, fill, getJSON, stream, setLive, dropTokenFromAddress, duration, number, badge, clock} = window.hora;
   const body = document.getElementById("jobs-body");
   const count = document.getElementById("jobs-count");
 
@@ -41,15 +41,15 @@
   function render(jobs) {
     count.textContent = `${jobs.length} job${jobs.length === 1 ? "" : "s"}`;
     if (!jobs.length) {
-      body.replaceChildren(h("p", {class: "empty"},
+      fill(body, h("p", {class: "empty"},
         "No jobs yet. Start one with horarun (it prints this page's address), or point workers at this coordinator."));
       return;
     }
     const newest = [...jobs].reverse();
-    body.replaceChildren(h("table", {class: "table jobs"},
+    fill(body, h("table", {class: "table jobs"},
       h("thead", {}, h("tr", {},
-        ["job", "state", "world size / min / max", "generation", "age", "steps/s", "last event"]
-          .map((name) => h("th", {}, name)))),
+        [["job"], ["state"], ["world size / min / max", "num"], ["generation", "num"], ["age", "num"],
+          ["steps/s", "num"], ["last event"]].map(([name, cls]) => h("th", {class: cls}, name)))),
       h("tbody", {}, newest.map(row))));
   }
 
@@ -57,7 +57,7 @@
     try {
       render(await getJSON("api/v1/jobs"));
     } catch (err) {
-      body.replaceChildren(h("p", {class: "error"}, `Cannot read the jobs: ${err.message}`));
+      fill(body, h("p", {class: "error"}, `Cannot read the jobs: ${err.message}`));
       setLive("closed", "offline");
       setTimeout(start, 3000);
       return;
