@@ -46,10 +46,11 @@ def chromium_path() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """A headless chromium (Playwright); skips, saying why, when there is none."""
+def chromium_executable() -> str:
+    """The chromium binary Playwright drives; skips, saying why, when it or Playwright
+    is missing."""
     try:
-        from playwright.sync_api import sync_playwright
+        import playwright.sync_api  # noqa: F401
     except ImportError:
         pytest.skip("BROWSER TESTS SKIPPED: the Python package 'playwright' is not installed "
                     "(pip install -e '.[test]', or make test)")
@@ -57,6 +58,15 @@ def browser() -> Iterator[Any]:
     if executable is None:
         pytest.skip("BROWSER TESTS SKIPPED: no chromium (apt-get install -y chromium, or make "
                     "test; or set HORA_CHROMIUM to a chromium binary)")
+    return executable
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_executable: str) -> Iterator[Any]:
+    """A headless chromium (Playwright)."""
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_executable
     with sync_playwright() as playwright:
         # --no-sandbox: the tests may run as root, where chromium's sandbox refuses to start.
         launched = playwright.chromium.launch(executable_path=executable, headless=True,
