@@ -28,6 +28,7 @@ redirect); a wrong one gets the form again, 401, saying so.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import ipaddress
 import json
@@ -45,8 +46,10 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 LOGIN_PATH = "/login"
 # Paths that are never a page: their refusal stays JSON whatever the client accepts.
 _NOT_PAGES = ("/api/", "/metrics", "/openapi.json")
-# A login form's body is one token and one path: anything longer is refused unread.
+# A login form's body is one token and one path: anything longer is refused unread,
+# and it comes at once or not at all.
 _LOGIN_BODY_LIMIT = 8192
+_LOGIN_BODY_DEADLINE_S = 10.0
 _FORM_HEADERS = [
     (b"content-type", b"text/html; charset=utf-8"),
     (b"cache-control", b"no-store"),
@@ -199,8 +202,14 @@ class TokenGuard:
         form again (401)."""
         body = bytearray()
         more = True
+        until = asyncio.get_running_loop().time() + _LOGIN_BODY_DEADLINE_S
         while more:
-            message = await receive()
+            left = until - asyncio.get_running_loop().time()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(0.0, left))
+            except asyncio.TimeoutError:
+                await _plain(send, 408, b"login form not received in time")
+                return
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")

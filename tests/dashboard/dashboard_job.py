@@ -37,7 +37,7 @@ deadline = time.monotonic() + 150
 
 @hvd.elastic.run
 def train(state):
-    while time.monotonic() < deadline:
+    while True:
         if host == slow_host:
             time.sleep(nap)
         optimizer.zero_grad()
@@ -46,7 +46,8 @@ def train(state):
         state.steps += 1
         if state.steps % 10 == 0:
             state.commit()
-        flag = torch.tensor([1.0 if stop_file.exists() else 0.0])
+        done = stop_file.exists() or time.monotonic() > deadline
+        flag = torch.tensor([1.0 if done else 0.0])
         if hvd.allreduce(flag, name="stop", op=hvd.Max).item() > 0:
             return
         time.sleep(0.01)

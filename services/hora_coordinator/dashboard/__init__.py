@@ -19,12 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from typing import Final
-from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
 
-__all__ = ["PAGE_HEADERS", "STATIC_PREFIX", "job_page_path", "router"]
+__all__ = ["PAGE_HEADERS", "STATIC_PREFIX", "router"]
 
 #: Where the pages' scripts, styles and icon are served.
 STATIC_PREFIX: Final = "/static"
@@ -78,11 +77,6 @@ def _send(name: str, headers: dict[str, str] | None = None) -> Response:
     return Response(item.body, media_type=item.media_type,
                     headers=headers or {"Cache-Control": "no-cache",
                                         "X-Content-Type-Options": "nosniff"})
-
-
-def job_page_path(job_id: str) -> str:
-    """The path of ``job_id``'s page, quoted for a URL."""
-    return "/jobs/" + quote(job_id, safe="")
 
 
 @router.get("/", response_class=Response)

@@ -22,6 +22,7 @@
     job: null, // JobDetail
     tel: null, // TelemetryView (its series and generations are kept below, accumulated)
     events: [], // oldest first
+    eventsVersion: 0, // goes up whenever events change
     series: [],
     marks: [],
     lastSeen: new Map(), // host + pid -> the last RankView of that process
@@ -47,6 +48,7 @@
     state.series = tel.series.slice(-MAX_POINTS);
     state.marks = tel.generations.slice();
     state.events = events.slice(-MAX_EVENTS);
+    state.eventsVersion += 1;
     remember(tel.ranks);
   }
 
@@ -57,7 +59,10 @@
     for (const p of message.telemetry.series) if (p.unix_ms > lastT) state.series.push(p);
     const lastM = state.marks.length ? state.marks[state.marks.length - 1].unix_ms : -1;
     for (const m of message.telemetry.generations) if (m.unix_ms > lastM) state.marks.push(m);
-    state.events.push(...message.events);
+    if (message.events.length) {
+      state.events.push(...message.events);
+      state.eventsVersion += 1;
+    }
     if (state.series.length > MAX_POINTS) state.series.splice(0, state.series.length - MAX_POINTS);
     if (state.events.length > MAX_EVENTS) state.events.splice(0, state.events.length - MAX_EVENTS);
     remember(message.telemetry.ranks);
@@ -321,10 +326,15 @@
     kindSelect.value = kinds.includes(chosen) ? chosen : "";
   }
 
+  let shownEvents = ""; // what the log shows now: redrawn only when that changes
+
   function renderEvents() {
     syncKinds();
     const kind = kindSelect.value;
     const text = textFilter.value.trim().toLowerCase();
+    const key = `${state.eventsVersion}|${kind}|${text}`;
+    if (key === shownEvents) return; // keeps a text selection in the log across updates
+    shownEvents = key;
     const body = $("events-body");
     if (!state.events.length) {
       fill(body, h("p", {class: "empty"}, "No events yet."));
