@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from . import state
 from .coordinator import Coordinator
-from .http import (
+from .http_common import (
     CoordinatorDep,
     EventView,
     JobDetail,
