@@ -265,10 +265,14 @@ def test_a_killed_worker_turns_red_and_the_generation_goes_up_without_a_reload(
 
 
 def test_grafana_dashboard_plots_only_what_metrics_exports(elastic_job):
-    exported = exported_names(
-        httpx.get(elastic_job.coordinator.http_url + "/metrics", timeout=5).text)
     queried = queried_names(load_dashboard())
     assert queried, "the Grafana dashboard has no queries"
+    # The job-level telemetry series exist while the job runs with reporting members
+    # (not while a round gathers after a loss): scrape then.
+    elastic_job.wait("a running generation whose members report", lambda t: t["state"] ==
+                     "running" and all(r["reported"] for r in t["ranks"]), 30)
+    exported = exported_names(
+        httpx.get(elastic_job.coordinator.http_url + "/metrics", timeout=5).text)
     missing = queried - exported
     assert not missing, f"Grafana queries series /metrics does not export: {sorted(missing)}"
     # The per-rank series are there because the job's ranks report.
