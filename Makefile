@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q -e ".[examples]"
 	touch $@
 
+# The installed torch is pinned, so that no extra (lightning) swaps the CPU wheel for a CUDA one.
 $(TEST_STAMP): $(STAMP)
-	$(PIP) install -q -e ".[test,examples]"
+	$(PIP) install -q -e ".[test,examples,lightning]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	touch $@
 
 install: $(STAMP)
