@@ -6,6 +6,7 @@ the coordinator test point ``--coordinator`` at an address nobody serves.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -430,11 +431,21 @@ def test_coordinator_that_cannot_start(horarun: Run) -> None:
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.timeout(30)
-def test_version_and_check_build_as_horovodrun_prints_them(horarun: Run) -> None:
+@pytest.mark.timeout(150)
+def test_version_and_check_build_as_horovodrun_prints_them(horarun: Run, tmp_path: Path) -> None:
     version = horarun(["--version"])
     assert version.returncode == 0 and version.stdout.startswith("hora "), version
-    report = horarun(["-cb"])
+    # Frameworks are probed by importing them: a broken TensorFlow and a Keras that kills
+    # the interpreter on import (shadowing any real ones) are reported missing, not fatal.
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(
+        "raise ImportError('a broken TensorFlow install (simulated)')\n")
+    (tmp_path / "keras").mkdir()
+    (tmp_path / "keras" / "__init__.py").write_text("import os\nos._exit(3)\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    report = horarun(["-cb"], timeout=140, env={**os.environ, "PYTHONPATH": path})
     assert report.returncode == 0, report.stderr
-    for line in ("[X] PyTorch", "[ ] TensorFlow", "[X] Gloo", "[ ] MPI", "NCCL"):
+    lightning = importlib.util.find_spec("lightning") is not None
+    for line in ("[X] PyTorch\n", "[ ] TensorFlow", "[ ] Keras", "[ ] MXNet", "[X] Gloo",
+                 "[ ] MPI", "NCCL", f"[{'X' if lightning else ' '}] PyTorch Lightning"):
         assert line in report.stdout, report.stdout

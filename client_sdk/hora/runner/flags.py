@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,6 +57,43 @@ def _hora_version() -> str:
         return "(not installed)"
 
 
+# What --check-build probes per framework: the framework and hora's binding for it
+# must both import. MXNet has no hora binding.
+FRAMEWORK_PROBES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("TensorFlow", ("tensorflow", "hora.tensorflow")),
+    ("PyTorch", ("torch", "hora.torch")),
+    ("MXNet", ()),
+    ("Keras", ("keras", "hora.tensorflow.keras")),
+    ("PyTorch Lightning", ("lightning.pytorch", "hora.lightning")),
+)
+_PROBE = "import importlib, sys\nfor name in sys.argv[1:]: importlib.import_module(name)"
+PROBE_TIMEOUT_S = 120.0
+
+
+def importable_frameworks(timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, bool]:
+    """Which frameworks import here, each tried in a child Python of its own.
+
+    A child per framework, all at once: a framework that is absent, broken,
+    slow (TensorFlow takes seconds) or that crashes the interpreter on import
+    marks only its own line unavailable, and the launcher imports none of them.
+    """
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    children = {
+        name: subprocess.Popen([sys.executable, "-c", _PROBE, *modules], env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        for name, modules in FRAMEWORK_PROBES if modules}
+    deadline = time.monotonic() + timeout_s
+    found = {name: False for name, _ in FRAMEWORK_PROBES}
+    for name, child in children.items():
+        try:
+            found[name] = child.wait(timeout=max(0.1, deadline - time.monotonic())) == 0
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    return found
+
+
 def check_build_report() -> str:
     """What ``horovodrun --check-build`` prints, for this installation."""
     # Imported here: only this flag needs torch in the launcher.
@@ -62,9 +102,10 @@ def check_build_report() -> str:
     def line(built: object, name: str) -> str:
         return f"    [{'X' if built else ' '}] {name}\n"
 
+    frameworks = importable_frameworks()
     return (f"hora v{_hora_version()} (Horovod API):\n\n"
-            "Available Frameworks:\n" + line(False, "TensorFlow") + line(True, "PyTorch")
-            + line(False, "MXNet") + "\nAvailable Controllers:\n" + line(False, "MPI")
+            "Available Frameworks:\n" + "".join(line(ok, name) for name, ok in frameworks.items())
+            + "\nAvailable Controllers:\n" + line(False, "MPI")
             + line(gloo_built(), "Gloo") + "\nAvailable Tensor Operations:\n"
             + line(nccl_built(), "NCCL") + line(False, "DDL") + line(False, "CCL")
             + line(False, "MPI") + line(gloo_built(), "Gloo"))
