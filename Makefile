@@ -71,6 +71,8 @@ clean:
 .PHONY: bench
 bench:
 	@test -f $(STAMP) || $(MAKE) install
+	@$(PY) -c "import lightning" 2>/dev/null || $(PIP) install -q -e ".[lightning]" \
+	  "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	$(PY) bench/run_all.py
 
 # The coordinator under load: simulated workers (bench/locustfile.py, locust
