@@ -130,6 +130,11 @@ class HorovodStrategy(ParallelStrategy):
             for the gradient allreduces.
         op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum`` for the gradients.
         gradient_predivide_factor: see ``hvd.DistributedOptimizer``.
+        groups: see ``hvd.DistributedOptimizer``: ``N`` reduces the gradients in N
+            fused groups, each once all of its gradients are ready; ``0`` reduces
+            each gradient as soon as backward produces it. Default: one group on
+            CPU (an allreduce overlapping backward takes the cores backward
+            needs), each gradient at once on GPUs.
         scale_lr: multiply every learning rate (and the schedulers' base rates)
             by the number of processes when ``fit`` starts, as Lightning 1.x's
             Horovod strategy did. Pass False to keep them as configured.
@@ -141,7 +146,8 @@ class HorovodStrategy(ParallelStrategy):
                  checkpoint_io: CheckpointIO | None = None,
                  precision_plugin: Precision | None = None, *,
                  compression: Any = hvd.Compression.none, op: Any = hvd.Average,
-                 gradient_predivide_factor: float = 1.0, scale_lr: bool = True) -> None:
+                 gradient_predivide_factor: float = 1.0, groups: Any = "auto",
+                 scale_lr: bool = True) -> None:
         hvd.init()
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=None, checkpoint_io=checkpoint_io,
@@ -149,6 +155,7 @@ class HorovodStrategy(ParallelStrategy):
         self._compression = compression
         self._op = op
         self._predivide = gradient_predivide_factor
+        self._groups = groups
         self._scale_lr = scale_lr
         self._sync_blocked = False
         self._skip_sync: contextlib.ExitStack | None = None
@@ -250,9 +257,13 @@ class HorovodStrategy(ParallelStrategy):
             return optimizer  # configure_optimizers already returned a hvd.DistributedOptimizer
         owned = {p for group in optimizer.param_groups for p in group["params"]}
         named = [(name, p) for name, p in module.named_parameters() if p in owned]
+        groups = self._groups
+        if groups == "auto":
+            groups = 1 if self.root_device.type == "cpu" else None
         return hvd.DistributedOptimizer(
             optimizer, named_parameters=named, compression=self._compression, op=self._op,
-            gradient_predivide_factor=self._predivide, backward_passes_per_step=passes)
+            gradient_predivide_factor=self._predivide, groups=groups or None,
+            backward_passes_per_step=passes)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # GradientAccumulationScheduler changes accumulate_grad_batches between epochs.
