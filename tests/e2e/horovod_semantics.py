@@ -174,6 +174,52 @@ def dtype_matrix() -> dict:
     return c.report()
 
 
+# -- tensors made under torch.inference_mode() ---------------------------------
+
+
+def inference_mode() -> dict:
+    """Every collective on inference tensors (what Lightning's validation and
+    test loops hand over), called inside ``torch.inference_mode()`` and outside
+    it; plain calls work afterwards."""
+    rank, size = hvd.rank(), hvd.size()
+    c = Checker()
+    for inside in (True, False):
+        for dtype in (torch.float32, torch.int64):
+            tag = f"{'inside' if inside else 'outside'}/{dtype}"
+            with torch.inference_mode():
+                xs = [make_input(r, dtype, 4, 2) for r in range(size)]
+                ragged = [make_input(r, dtype, r + 1, 2, salt=1) for r in range(size)]
+                y, z = xs[rank].clone(), xs[rank].clone()
+            x = xs[rank]
+            with torch.inference_mode(inside):
+                for oname, op in REDUCE_OPS.items():
+                    want = reference(xs, oname)
+                    c.check(f"{tag} allreduce {oname}", hvd.allreduce(x, op=op), want)
+                    c.check(f"{tag} grouped_allreduce {oname}",
+                            hvd.grouped_allreduce([x, x], op=op)[1], want)
+                    shares = split_rows(4, size)
+                    start = sum(shares[:rank])
+                    c.check(f"{tag} reducescatter {oname}", hvd.reducescatter(x, op=op),
+                            want[start:start + shares[rank]])
+                if dtype.is_floating_point:
+                    c.check(f"{tag} allreduce scaled",
+                            hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0,
+                                          postscale_factor=0.5), reference(xs, "Sum"))
+                hvd.allreduce_(y, op=hvd.Sum)
+                c.check(f"{tag} allreduce_", y, reference(xs, "Sum"))
+                c.check(f"{tag} allgather", hvd.allgather(ragged[rank]), torch.cat(ragged))
+                c.check(f"{tag} broadcast", hvd.broadcast(x, size - 1), xs[-1])
+                hvd.broadcast_(z, 0)
+                c.check(f"{tag} broadcast_", z, xs[0])
+                c.check(f"{tag} alltoall", hvd.alltoall(x.repeat(size, 1)),
+                        torch.cat(xs))
+                c.check(f"{tag} broadcast_object",
+                        torch.tensor(hvd.broadcast_object(rank, 0)), torch.tensor(0))
+    c.check("plain allreduce after", hvd.allreduce(torch.ones(3), op=hvd.Sum, name="plain"),
+            torch.full((3,), float(size)))
+    return c.report()
+
+
 # -- gradients --------------------------------------------------------------------
 
 
@@ -395,6 +441,9 @@ def main() -> int:
     grads = gradients()
     if grads["failed"]:
         problems.append(f"gradients: {grads['failures']}")
+    inference = inference_mode()
+    if inference["failed"]:
+        problems.append(f"inference mode: {inference['failures']}")
     invalid = invalid_calls()
     for item in invalid["results"]:
         if item["raised"] is None or item["raised"].startswith("NOT") or not item["next_ok"]:

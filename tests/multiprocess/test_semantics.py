@@ -67,3 +67,12 @@ def test_a_call_invalid_on_one_rank_names_that_rank_on_every_rank(shared_coordin
             found["allreduce invalid on one rank"]
         assert found["allreduce shapes differ"].startswith("TensorMismatchError")
         assert found["allreduce of a list"].startswith("InvalidTypeError")
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_tensors_made_in_inference_mode_go_through_every_collective(shared_coordinator, size):
+    # Lightning's validation and test loops run under torch.inference_mode().
+    results = run_workers(shared_coordinator, size, SCRIPT, "inference_mode", timeout=200)
+    for r in results:
+        assert r.value["failed"] == 0, r.value["failures"]
+    assert results[0].value["checks"] >= 2 * 2 * 20

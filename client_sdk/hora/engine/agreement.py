@@ -269,7 +269,10 @@ class Agreement:
         would wait for this rank's next round until the collective timeout.
         """
         try:
-            self._round(background)
+            # A caller inside torch.inference_mode() may drive the round: what
+            # the engine makes (fusion buffers, outputs) stays normal tensors.
+            with torch.inference_mode(False):
+                self._round(background)
         except BaseException as exc:
             what = "the background round failed" if background else "a round was interrupted"
             self._pending.fail(HorovodInternalError(

@@ -98,9 +98,14 @@ class Executor:
     # -- running safely ---------------------------------------------------------
 
     def run_safely(self, names: Sequence[str], work: Callable[[], None]) -> None:
-        """Runs ``work``; a failure fails the generation instead of escaping a thread."""
+        """Runs ``work``; a failure fails the generation instead of escaping a thread.
+
+        Outside ``torch.inference_mode()`` whoever calls: what the engine makes
+        (fusion buffers, outputs) are normal tensors.
+        """
         try:
-            work()
+            with torch.inference_mode(False):
+                work()
         except BackendError as exc:
             self._pending.fail(HorovodInternalError(
                 f"data plane failed on rank {self.rank} running {list(names)[:3]}: {exc}"))

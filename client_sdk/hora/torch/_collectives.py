@@ -97,13 +97,29 @@ def _submit_all(entries: list[Entry], problems: Sequence[str | None],
 def _copy_back(target: torch.Tensor) -> Any:
     def result(value: torch.Tensor) -> torch.Tensor:
         if value is not target:
-            target.copy_(value.view_as(target))
+            # An inference tensor can only be written inside inference mode.
+            with torch.inference_mode(target.is_inference()):
+                target.copy_(value.view_as(target))
         return target
     return result
 
 
+def _own_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``tensor`` that the engine's thread may write.
+
+    It is made outside ``torch.inference_mode()``, so it is a normal tensor even
+    when the caller is inside that mode (Lightning's validation and test loops
+    are): an inference tensor can only be written inside the mode, and the
+    engine's thread is not in it.
+    """
+    with torch.inference_mode(False):
+        return tensor.detach().clone(memory_format=torch.contiguous_format)
+
+
 def _in_place(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
     """The buffer a collective writes for ``tensor``, and how the result reaches ``tensor``."""
+    if tensor.is_inference():
+        return _own_copy(tensor), _copy_back(tensor)
     if tensor.is_contiguous():
         return tensor, None
     return tensor.contiguous(), _copy_back(tensor)
@@ -158,7 +174,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
     """Starts an allreduce into a new tensor; returns a handle."""
-    output = _tensor(tensor).detach().clone(memory_format=torch.contiguous_format)
+    output = _own_copy(_tensor(tensor))
     return allreduce_async_(output, average, name, op, prescale_factor, postscale_factor,
                             process_set)
 
@@ -232,8 +248,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
     """Starts a grouped allreduce into new tensors; returns one handle."""
-    outputs = [t.detach().clone(memory_format=torch.contiguous_format)
-               for t in _tensors(tensors, "grouped_allreduce")]
+    outputs = [_own_copy(t) for t in _tensors(tensors, "grouped_allreduce")]
     return grouped_allreduce_async_(outputs, average, name, op, prescale_factor,
                                     postscale_factor, process_set)
 
@@ -298,7 +313,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Starts a broadcast of the root rank's ``tensor`` into a new tensor."""
-    output = _tensor(tensor).detach().clone(memory_format=torch.contiguous_format)
+    output = _own_copy(_tensor(tensor))
     return broadcast_async_(output, root_rank, name, process_set)
 
 
@@ -333,7 +348,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
 def _reducescatter_entry(tensor: torch.Tensor, name: str, op: ReduceOp, pre: float,
                          post: float, set_id: int) -> Entry:
     return Entry(name=name, op_type=OpType.REDUCESCATTER,
-                 buffer=tensor.detach().clone(memory_format=torch.contiguous_format),
+                 buffer=_own_copy(tensor),
                  handle=Handle(name), reduce_op=op, prescale_factor=pre,
                  postscale_factor=post, process_set_id=set_id)
 
