@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q -e ".[examples]"
 	touch $@
 
+# TensorFlow and tf-keras (hora[tensorflow]) for tests/multiprocess/test_tensorflow.py
+# and the Keras examples.
 $(TEST_STAMP): $(STAMP)
-	$(PIP) install -q -e ".[test,examples]"
+	$(PIP) install -q -e ".[test,examples,tensorflow]"
 	touch $@
 
 install: $(STAMP)
