@@ -168,6 +168,44 @@ def training():
             "gathered": hvd.allgather_object(rank)}
 
 
+def keras_equality(samples: int = 480, local_batch: int = 16):
+    """One epoch of SGD with hvd.DistributedOptimizer over every rank's part of each global
+    batch, and then the same epoch in this process alone on the whole batches."""
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    import hora.tensorflow.keras as hvd
+
+    keras = tf.keras
+    rank, size = hvd.rank(), hvd.size()
+    digits = load_digits()
+    x = (digits.data[:samples] / 16.0).astype("float32")
+    y = digits.target[:samples].astype("int64")
+    batch = local_batch * size
+    mine = np.concatenate([np.arange(k * batch + rank * local_batch,
+                                     k * batch + (rank + 1) * local_batch)
+                           for k in range(samples // batch)])
+
+    def model():
+        keras.utils.set_random_seed(1234)
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="tanh"),
+                                 keras.layers.Dense(10)])
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    distributed = model()
+    distributed.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+                        loss=loss)
+    distributed.fit(x[mine], y[mine], batch_size=local_batch, epochs=1, shuffle=False,
+                    verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    alone = model()
+    alone.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+    alone.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    return {"distributed": [w for w in distributed.get_weights()],
+            "alone": [w for w in alone.get_weights()],
+            "initial": [w for w in model().get_weights()]}
+
+
 def everything():
     """All of the above in one run: TensorFlow's import is the costly part."""
-    return {"collectives": collectives(), "gradients": gradients(), "training": training()}
+    return {"collectives": collectives(), "gradients": gradients(), "training": training(),
+            "keras": keras_equality()}
