@@ -14,12 +14,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
-
-import horovod.tensorflow as hvd  # noqa: E402
 
 parser = argparse.ArgumentParser(description="DistributedGradientTape on digits")
 parser.add_argument("--steps", type=int, default=600, help="steps for all workers together")
@@ -57,7 +56,7 @@ def training_step(images, labels, first_batch):
     # Horovod: the tape averages the gradients over the ranks.
     tape = hvd.DistributedGradientTape(tape)
     grads = tape.gradient(loss, model.trainable_variables)
-    opt.apply_gradients(zip(grads, model.trainable_variables))
+    opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
     # Horovod: after the first step (the optimizer's variables exist then), every
     # rank takes rank 0's variables.
     if first_batch:
