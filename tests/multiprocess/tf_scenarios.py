@@ -13,6 +13,11 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+if __name__ == "scenario":  # in a worker (tests/support/worker_main.py), not in the test
+    # Imported before hvd.init(): a long import right after it could starve the
+    # heartbeat thread on a loaded machine.
+    import tensorflow  # noqa: F401
+
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64"]
 REDUCE_OPS = ["Sum", "Average", "Min", "Max", "Product"]
 MODES = ["eager", "graph"]
@@ -35,7 +40,11 @@ def _np(t) -> np.ndarray:
 
 
 def collectives():
-    """Runs every collective in both modes; returns {key: result as float64 numpy}."""
+    """Runs every collective in both modes; returns {key: result as float64 numpy}.
+
+    In graph mode all the calls for one dtype are one ``tf.function``: they must run in
+    program order on every rank, as a training step's would.
+    """
     import tensorflow as tf
 
     import hora.tensorflow as hvd
@@ -43,50 +52,45 @@ def collectives():
     rank, size = hvd.rank(), hvd.size()
     out: dict = {}
     odd = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    splits = [(r + rank) % 2 + 1 for r in range(size)]
 
-    def run(mode, fn, *args):
-        if mode == "eager":
-            return fn(*args)
-        return tf.function(fn)(*args)
+    def calls(x, y, ragged, a2a, even, uneven):
+        got = {}
+        for op in REDUCE_OPS:
+            got[("allreduce", op)] = hvd.allreduce(x, op=getattr(hvd, op))
+        if x.dtype.is_floating:
+            got[("allreduce_scaled",)] = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5,
+                                                       postscale_factor=4.0)
+        got[("grouped_allreduce",)] = hvd.grouped_allreduce([x, y], op=hvd.Sum)
+        got[("allgather",)] = hvd.allgather(ragged)
+        got[("grouped_allgather",)] = hvd.grouped_allgather([ragged, x])
+        got[("broadcast",)] = hvd.broadcast(x, root_rank=size - 1)
+        got[("alltoall",)] = hvd.alltoall(a2a, splits=splits)
+        got[("alltoall_even",)] = hvd.alltoall(even)
+        for op in ("Sum", "Average"):
+            got[("reducescatter", op)] = hvd.reducescatter(uneven, op=getattr(hvd, op))
+        got[("grouped_reducescatter",)] = hvd.grouped_reducescatter([even, even], op=hvd.Sum)
+        if odd.included():
+            got[("set_allreduce",)] = hvd.allreduce(x, op=hvd.Sum, process_set=odd)
+            got[("set_allgather",)] = hvd.allgather(ragged, process_set=odd)
+            got[("set_broadcast",)] = hvd.broadcast(x, root_rank=0, process_set=odd)
+        return got
 
     for mode in MODES:
         for dtype in DTYPES:
             dt = _tf_dtype(tf, dtype)
-            x = tf.constant(make_input(rank, dtype), dtype=dt)
-            for op in REDUCE_OPS:
-                out[(mode, "allreduce", op, dtype)] = _np(run(
-                    mode, lambda t, op=op: hvd.allreduce(t, op=getattr(hvd, op)), x))
-            if dtype.startswith("float"):
-                out[(mode, "allreduce_scaled", dtype)] = _np(run(mode, lambda t: hvd.allreduce(
-                    t, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0), x))
-            y = tf.constant(make_input(rank, dtype) * 2, dtype=dt)
-            out[(mode, "grouped_allreduce", dtype)] = [_np(t) for t in run(
-                mode, lambda a, b: hvd.grouped_allreduce([a, b], op=hvd.Sum), x, y)]
-            ragged = tf.constant(make_input(rank, dtype, rows=rank + 1), dtype=dt)
-            out[(mode, "allgather", dtype)] = _np(run(mode, hvd.allgather, ragged))
-            out[(mode, "grouped_allgather", dtype)] = [_np(t) for t in run(
-                mode, lambda a, b: hvd.grouped_allgather([a, b]), ragged, x)]
-            out[(mode, "broadcast", dtype)] = _np(run(
-                mode, lambda t: hvd.broadcast(t, root_rank=size - 1), x))
-            splits = [(r + rank) % 2 + 1 for r in range(size)]
-            a2a = tf.constant(make_input(rank, dtype, rows=sum(splits)), dtype=dt)
-            got, received = run(mode, lambda t, s=splits: hvd.alltoall(t, splits=s), a2a)
-            out[(mode, "alltoall", dtype)] = (_np(got), received.numpy().tolist())
-            even = tf.constant(make_input(rank, dtype, rows=2 * size), dtype=dt)
-            out[(mode, "alltoall_even", dtype)] = _np(run(mode, hvd.alltoall, even))
-            for op in ("Sum", "Average"):
-                out[(mode, "reducescatter", op, dtype)] = _np(run(
-                    mode, lambda t, op=op: hvd.reducescatter(t, op=getattr(hvd, op)),
-                    tf.constant(make_input(rank, dtype, rows=size + 1), dtype=dt)))
-            out[(mode, "grouped_reducescatter", dtype)] = [_np(t) for t in run(
-                mode, lambda a, b: hvd.grouped_reducescatter([a, b], op=hvd.Sum), even, even)]
-            if odd.included():
-                out[(mode, "set_allreduce", dtype)] = _np(run(
-                    mode, lambda t: hvd.allreduce(t, op=hvd.Sum, process_set=odd), x))
-                out[(mode, "set_allgather", dtype)] = _np(run(
-                    mode, lambda t: hvd.allgather(t, process_set=odd), ragged))
-                out[(mode, "set_broadcast", dtype)] = _np(run(
-                    mode, lambda t: hvd.broadcast(t, root_rank=0, process_set=odd), x))
+            args = [tf.constant(make_input(rank, dtype, rows=rows) * scale, dtype=dt)
+                    for rows, scale in ((3, 1), (3, 2), (rank + 1, 1), (sum(splits), 1),
+                                        (2 * size, 1), (size + 1, 1))]
+            got = calls(*args) if mode == "eager" else tf.function(calls)(*args)
+            for key, value in got.items():
+                if key == ("alltoall",):
+                    value = (_np(value[0]), value[1].numpy().tolist())
+                elif isinstance(value, (list, tuple)):
+                    value = [_np(v) for v in value]
+                else:
+                    value = _np(value)
+                out[(mode, *key[:1], *key[1:], dtype)] = value
     out["fp16_compressed"] = _np(hvd.allreduce(tf.constant(make_input(rank, "float32")),
                                                op=hvd.Sum, compression=hvd.Compression.fp16))
     out["bool_sum"] = hvd.allreduce(tf.constant([rank == 0, False, True]),
@@ -163,9 +167,63 @@ def training():
 
     for _ in range(5):
         step()
-    start = hvd.broadcast_object({"w": w.numpy()} if rank == 0 else None, root_rank=0)
-    return {"w": w.numpy(), "same_object": start["w"].shape,
-            "gathered": hvd.allgather_object(rank)}
+    root_w = hvd.broadcast_object({"w": w.numpy()} if rank == 0 else None, root_rank=0)["w"]
+
+    # Sparse gradients (tf.gather): IndexedSlices are allgathered and averaged.
+    size = hvd.size()
+    table = tf.Variable(tf.ones([size + 1, 2]))
+    sparse = {}
+    for as_dense in (False, True):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, [rank]) * (rank + 1))
+        grad = hvd.DistributedGradientTape(tape, sparse_as_dense=as_dense).gradient(
+            loss, [table])[0]
+        sparse[as_dense] = (type(grad).__name__, tf.convert_to_tensor(grad).numpy())
+
+    # A call that is wrong on one rank fails on every rank, eagerly and inside tf.function.
+    errors = {}
+    bad_root = 99 if rank == 0 else 0
+    try:
+        hvd.broadcast(tf.ones([2]), root_rank=bad_root, name="bad.eager")
+    except hvd.InvalidCallError as exc:
+        errors["eager"] = type(exc).__name__
+    try:
+        tf.function(lambda t: hvd.broadcast(t, root_rank=bad_root, name="bad.graph"))(
+            tf.ones([2]))
+    except tf.errors.OpError as exc:
+        errors["graph"] = type(hvd.mpi_ops.engine_error(exc)).__name__
+    after = hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy().tolist()  # the world goes on
+    return {"w": w.numpy(), "root_w": root_w, "gathered": hvd.allgather_object(rank),
+            "sparse": sparse, "errors": errors, "after": after, "shim": shim_names()}
+
+
+def shim_names():
+    """What ``import horovod.tensorflow`` and friends give under horovodrun's import shim."""
+    import sys
+
+    from hora._compat import shim_path
+
+    sys.path.insert(0, shim_path())
+    import horovod.keras
+    import horovod.keras.callbacks
+    import horovod.tensorflow
+    import horovod.tensorflow.keras
+    import horovod.tensorflow.keras.elastic
+
+    import hora.tensorflow
+    import hora.tensorflow.keras
+
+    return {
+        "tensorflow": horovod.tensorflow.DistributedGradientTape
+        is hora.tensorflow.DistributedGradientTape,
+        "keras": horovod.keras.DistributedOptimizer is hora.tensorflow.keras.DistributedOptimizer,
+        "callbacks": horovod.keras.callbacks.MetricAverageCallback
+        is hora.tensorflow.keras.callbacks.MetricAverageCallback,
+        "elastic": horovod.tensorflow.keras.elastic.KerasState
+        is hora.tensorflow.keras.elastic.KerasState,
+        "keras_callbacks": horovod.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback
+        is hora.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback,
+    }
 
 
 def keras_equality(samples: int = 480, local_batch: int = 16):
