@@ -52,7 +52,9 @@ class TensorFlowState(ObjectState):
     _hora_variables: list[Any]
     _hora_saved: list[tuple[Any, Any]] | None
 
-    def __init__(self, variables: Sequence[Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, variables: Sequence[Any] | None = None, session: Any = None,
+                 **kwargs: Any) -> None:
+        del session  # TF1's; TF2 variables are read and assigned eagerly
         object.__setattr__(self, "_hora_variables", list(variables or []))
         object.__setattr__(self, "_hora_saved", None)
         super().__init__(**kwargs)
