@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tf_scenarios import DTYPES, MODES, REDUCE_OPS, make_input
+from tf_scenarios import DTYPES, MODES, NOT_YET, REDUCE_OPS, make_input
 
 from tests.support.coordinator import CoordinatorProcess
 from tests.support.workers import run_workers
@@ -112,11 +112,18 @@ def test_every_collective_matches_the_reference(collective_results, mode, dtype)
             assert (mode, "set_allreduce", dtype) not in got
 
 
-def test_compression_and_bool(collective_results):
+def test_compression_bool_and_adasum(collective_results):
     inputs = [make_input(r, "float32") for r in range(SIZE)]
     for got in collective_results:
         _close(got["fp16_compressed"], _reduce(inputs, "Sum", "float32"), "float16")
         assert got["bool_sum"] == [True, False, True]
+        tf_adasum, torch_adasum = got["adasum"]
+        _close(tf_adasum, torch_adasum)
+        _close(tf_adasum, collective_results[0]["adasum"][0])
+
+
+def test_horovods_tensorflow_names_are_there_but_the_planned_ones(collective_results):
+    assert collective_results[0]["missing"] == NOT_YET
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,22 @@ if __name__ == "scenario":  # in a worker (tests/support/worker_main.py), not in
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64"]
 REDUCE_OPS = ["Sum", "Average", "Min", "Max", "Product"]
 MODES = ["eager", "graph"]
+# horovod.tensorflow's public names (Horovod 0.28.1), the TF1-only ones left out.
+HOROVOD_TF_NAMES = [
+    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
+    "Max", "Min", "PartialDistributedGradientTape", "ProcessSet", "Product", "Sum",
+    "SyncBatchNormalization", "add_process_set", "allgather", "allgather_object", "allreduce",
+    "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_object_fn",
+    "broadcast_variables", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "elastic", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather",
+    "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized",
+    "join", "local_rank", "local_rank_op", "local_size", "local_size_op", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "process_set_included_op", "rank",
+    "rank_op", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
+    "size_op", "start_timeline", "stop_timeline",
+]
+# Not in hora.tensorflow yet (README, "Not yet").
+NOT_YET = ["PartialDistributedGradientTape", "SyncBatchNormalization"]
 
 
 def make_input(rank: int, dtype: str, rows: int = 3, cols: int = 4) -> np.ndarray:
@@ -95,6 +111,16 @@ def collectives():
                                                op=hvd.Sum, compression=hvd.Compression.fp16))
     out["bool_sum"] = hvd.allreduce(tf.constant([rank == 0, False, True]),
                                     op=hvd.Sum).numpy().tolist()
+    # Adasum is the engine's (hora.torch's) rule, whichever framework asks.
+    import torch
+
+    import hora.torch
+
+    values = make_input(rank, "float32") * (rank + 1) - 4
+    out["adasum"] = (_np(hvd.allreduce(tf.constant(values, dtype=tf.float32), op=hvd.Adasum)),
+                     hora.torch.allreduce(torch.tensor(values, dtype=torch.float32),
+                                          op=hora.torch.Adasum).double().numpy())
+    out["missing"] = [n for n in HOROVOD_TF_NAMES if not hasattr(hvd, n)]
     return out
 
 

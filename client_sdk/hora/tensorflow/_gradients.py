@@ -9,7 +9,15 @@ from typing import Any
 import tensorflow as tf
 
 from .compression import Compression
-from .mpi_ops import Adasum, Average, ProcessSet, Sum, global_process_set, grouped_allreduce
+from .mpi_ops import (
+    Adasum,
+    Average,
+    ProcessSet,
+    Sum,
+    allreduce,
+    global_process_set,
+    grouped_allreduce,
+)
 
 __all__ = ["GradientReducer"]
 
@@ -20,7 +28,8 @@ class GradientReducer:
     Args:
         compression: ``hvd.Compression.none`` / ``.fp16`` / ``.bf16``.
         sparse_as_dense: turn ``tf.IndexedSlices`` into dense tensors first.
-        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum``.
+        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum`` (one allreduce per
+            gradient: Adasum combines whole tensors).
         gradient_predivide_factor: with Average, divide by this before the sum
             and by ``size / factor`` after it (Horovod's split of the average).
         num_groups: split the gradients into this many grouped allreduces (0: one).
@@ -34,9 +43,6 @@ class GradientReducer:
                  process_set: ProcessSet = global_process_set) -> None:
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor needs op == Average")
-        if op == Adasum:
-            raise NotImplementedError("hora.tensorflow averages with Average or Sum; "
-                                      "Adasum is in hora.torch only")
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.op = op
@@ -77,6 +83,11 @@ class GradientReducer:
                     sparse.append(i)
             else:
                 dense.append(i)
+        if self.op == Adasum:
+            for i in dense:
+                out[i] = allreduce(out[i], op=Adasum, compression=self.compression,
+                                   process_set=self.process_set)
+            dense = []
         for chunk in self._chunks(dense, variables):
             reduced = grouped_allreduce([out[i] for i in chunk], op=self.op,
                                         compression=self.compression,
