@@ -172,6 +172,13 @@ def test_sparse_gradients_are_gathered_and_averaged(results):
         _close(value, expected)
 
 
+def test_partial_tape_keeps_local_layers_local(results):
+    for rank, trained in enumerate(r["training"] for r in results):
+        shared, local = trained["partial"]
+        _close(shared, sum(r + 1 for r in range(SIZE)) / SIZE)  # d(loss)/d(kernel) = x
+        _close(local, (rank + 1) / SIZE)
+
+
 def test_a_call_wrong_on_one_rank_fails_on_every_rank_eager_and_in_graph(results):
     for trained in (r["training"] for r in results):
         assert trained["errors"] == {"eager": "InvalidCallError", "graph": "InvalidCallError"}

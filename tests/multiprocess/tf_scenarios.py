@@ -36,7 +36,7 @@ HOROVOD_TF_NAMES = [
     "size_op", "start_timeline", "stop_timeline",
 ]
 # Not in hora.tensorflow yet (README, "Not yet").
-NOT_YET = ["PartialDistributedGradientTape", "SyncBatchNormalization"]
+NOT_YET = ["SyncBatchNormalization"]
 
 
 def make_input(rank: int, dtype: str, rows: int = 3, cols: int = 4) -> np.ndarray:
@@ -206,6 +206,17 @@ def training():
             loss, [table])[0]
         sparse[as_dense] = (type(grad).__name__, tf.convert_to_tensor(grad).numpy())
 
+    # PartialDistributedGradientTape: the local layer's gradient stays on this rank
+    # (divided by the size), the other is averaged.
+    shared_layer, local_layer = tf.keras.layers.Dense(1), tf.keras.layers.Dense(1)
+    features = tf.constant([[float(rank + 1)]])
+    shared_layer(features), local_layer(features)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(shared_layer(features) + local_layer(features))
+    partial = hvd.PartialDistributedGradientTape(tape, local_layers=[local_layer]).gradient(
+        loss, [shared_layer.kernel, local_layer.kernel])
+    partial_grads = [float(tf.reshape(g, [])) for g in partial]
+
     # A call that is wrong on one rank fails on every rank, eagerly and inside tf.function.
     errors = {}
     bad_root = 99 if rank == 0 else 0
@@ -220,7 +231,7 @@ def training():
         errors["graph"] = type(hvd.mpi_ops.engine_error(exc)).__name__
     after = hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy().tolist()  # the world goes on
     return {"w": w.numpy(), "root_w": root_w, "gathered": hvd.allgather_object(rank),
-            "sparse": sparse, "errors": errors, "after": after, "shim": shim_names()}
+            "sparse": sparse, "partial": partial_grads, "errors": errors, "after": after, "shim": shim_names()}
 
 
 def shim_names():

@@ -16,11 +16,12 @@ from . import mpi_ops as _mpi_ops
 from ._gradients import GradientReducer
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
-from .gradient_tape import DistributedGradientTape
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import *  # noqa: F403
 from .mpi_ops import Average, ProcessSet, global_process_set
 
 __all__ = [*_mpi_ops.__all__, "Compression", "DistributedGradientTape", "DistributedOptimizer",
+           "PartialDistributedGradientTape",
            "HorovodInternalError", "HostsUpdatedInterrupt", "InvalidCallError",
            "allgather_object", "broadcast_global_variables", "broadcast_object",
            "broadcast_object_fn", "broadcast_variables", "elastic"]
