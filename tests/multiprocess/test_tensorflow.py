@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tf_scenarios import DTYPES, MODES, NOT_YET, REDUCE_OPS, make_input
+from tf_scenarios import DTYPES, MODES, NOT_YET, REDUCE_OPS, bn_input, make_input
 
 from tests.support.coordinator import CoordinatorProcess
 from tests.support.workers import run_workers
@@ -177,6 +177,14 @@ def test_partial_tape_keeps_local_layers_local(results):
         shared, local = trained["partial"]
         _close(shared, sum(r + 1 for r in range(SIZE)) / SIZE)  # d(loss)/d(kernel) = x
         _close(local, (rank + 1) / SIZE)
+
+
+def test_sync_batch_norm_uses_the_global_batch(results):
+    batch = np.concatenate([bn_input(r) for r in range(SIZE)])
+    mean, var = batch.mean(0), batch.var(0)
+    for rank, trained in enumerate(r["training"] for r in results):
+        expected = (bn_input(rank) - mean) / np.sqrt(var + 1e-3)  # Keras' default epsilon
+        np.testing.assert_allclose(trained["sync_bn"], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_a_call_wrong_on_one_rank_fails_on_every_rank_eager_and_in_graph(results):

@@ -19,9 +19,10 @@ from .functions import allgather_object, broadcast_object, broadcast_object_fn, 
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import *  # noqa: F403
 from .mpi_ops import Average, ProcessSet, global_process_set
+from .sync_batch_norm import SyncBatchNormalization
 
 __all__ = [*_mpi_ops.__all__, "Compression", "DistributedGradientTape", "DistributedOptimizer",
-           "PartialDistributedGradientTape",
+           "PartialDistributedGradientTape", "SyncBatchNormalization",
            "HorovodInternalError", "HostsUpdatedInterrupt", "InvalidCallError",
            "allgather_object", "broadcast_global_variables", "broadcast_object",
            "broadcast_object_fn", "broadcast_variables", "elastic"]
