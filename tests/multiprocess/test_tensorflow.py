@@ -208,3 +208,6 @@ def test_keras_on_every_rank_equals_one_process_on_the_whole_batch(results):
                                            runs[0]["initial"], strict=True):
         assert not np.allclose(alone, initial, atol=1e-3)  # training moved the weights
         np.testing.assert_allclose(distributed, alone, rtol=1e-4, atol=1e-5)
+    for run in runs:
+        for accumulated, alone in zip(run["accumulated"], run["alone_twice"], strict=True):
+            np.testing.assert_allclose(accumulated, alone, rtol=1e-4, atol=1e-5)

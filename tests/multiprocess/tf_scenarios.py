@@ -305,8 +305,20 @@ def keras_equality(samples: int = 480, local_batch: int = 16):
     alone = model()
     alone.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
     alone.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    # backward_passes_per_step=2: two local batches accumulated, reduced once per update,
+    # equal to one process on batches twice as large.
+    accumulated = model()
+    accumulated.compile(optimizer=hvd.DistributedOptimizer(
+        keras.optimizers.SGD(0.1), backward_passes_per_step=2,
+        average_aggregated_gradients=True), loss=loss)
+    accumulated.fit(x[mine], y[mine], batch_size=local_batch, epochs=1, shuffle=False,
+                    verbose=0)
+    alone_twice = model()
+    alone_twice.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+    alone_twice.fit(x, y, batch_size=2 * batch, epochs=1, shuffle=False, verbose=0)
     return {"distributed": [w for w in distributed.get_weights()],
             "alone": [w for w in alone.get_weights()],
+            "accumulated": accumulated.get_weights(), "alone_twice": alone_twice.get_weights(),
             "initial": [w for w in model().get_weights()]}
 
 

@@ -40,14 +40,19 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,  # noqa: N802
 
     With legacy Keras, compile the model with ``experimental_run_tf_function=False``
     as Horovod's walk-through does (accepted, not required).
+
+    ``backward_passes_per_step=N`` (Keras 3): gradients accumulate locally for N steps
+    and are reduced once, when the optimizer applies them; summed, or averaged with
+    ``average_aggregated_gradients=True``.
     """
-    del name, device_dense, device_sparse, average_aggregated_gradients, scale_local_gradients
-    if backward_passes_per_step != 1:
-        raise NotImplementedError("hora.tensorflow.keras: backward_passes_per_step > 1 is "
-                                  "not supported yet; accumulate gradients in the model")
+    del name, device_dense, device_sparse, scale_local_gradients
     reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                               num_groups, groups, process_set)
-    return make_distributed(optimizer, reducer, in_place=False)
+    if backward_passes_per_step > 1 and not average_aggregated_gradients:
+        # Keras averages what it accumulated; Horovod's default sums it.
+        reducer.post *= backward_passes_per_step
+    return make_distributed(optimizer, reducer, in_place=False,
+                            backward_passes_per_step=backward_passes_per_step)
 
 
 def broadcast_global_variables(root_rank: int) -> None:

@@ -24,15 +24,22 @@ def distributed_class(cls: type) -> type:
     found = _CLASSES.get(cls)
     if found is not None:
         return found
-    # Keras 3 funnels apply_gradients into apply(grads, variables); tf-keras's
-    # optimizers (new and legacy) have apply_gradients only.
-    keras3 = hasattr(cls, "stateless_apply")
+    # Keras 3 runs every update, accumulated over gradient_accumulation_steps or not,
+    # through _backend_apply_gradients and then _clip_gradients (only on the step that
+    # applies): the gradients are reduced there, once per update. tf-keras's optimizers
+    # (new and legacy) have apply_gradients.
+    keras3 = hasattr(cls, "stateless_apply") and hasattr(cls, "_clip_gradients")
 
-    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-        variables = trainable_variables if trainable_variables is not None else \
-            getattr(self, "_trainable_variables", None)
+    def _backend_apply_gradients(self: Any, grads: Any, trainable_variables: Any) -> Any:
+        object.__setattr__(self, "_hora_variables", list(trainable_variables))
+        return super(sub, self)._backend_apply_gradients(grads, trainable_variables)
+
+    def _clip_gradients(self: Any, grads: Any) -> Any:
+        variables = getattr(self, "_hora_variables", None)
+        if variables is not None and len(variables) != len(grads):
+            variables = None
         grads = self._hora_reducer.reduce(list(grads), variables)
-        return super(sub, self).apply(grads, trainable_variables)
+        return super(sub, self)._clip_gradients(grads)
 
     def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         pairs = list(grads_and_vars)
@@ -43,15 +50,24 @@ def distributed_class(cls: type) -> type:
     sub: Any
     body: dict[str, Any] = {"_hora_reducer": None, "__module__": cls.__module__,
                             "__qualname__": cls.__qualname__}
-    body["apply" if keras3 else "apply_gradients"] = apply if keras3 else apply_gradients
+    if keras3:
+        body.update(_backend_apply_gradients=_backend_apply_gradients,
+                    _clip_gradients=_clip_gradients)
+    else:
+        body.update(apply_gradients=apply_gradients)
     sub = type(cls.__name__, (cls,), body)
     _CLASSES[cls] = sub
     return sub
 
 
-def make_distributed(optimizer: Any, reducer: GradientReducer, in_place: bool) -> Any:
+def make_distributed(optimizer: Any, reducer: GradientReducer, in_place: bool,
+                     backward_passes_per_step: int = 1) -> Any:
     """``optimizer`` made distributed: a new one from its config, or (``in_place``) the same
-    object, state and all (for a loaded model)."""
+    object, state and all (for a loaded model).
+
+    ``backward_passes_per_step > 1`` (Keras 3 only) becomes the optimizer's own
+    ``gradient_accumulation_steps``: the accumulated gradients are reduced once per update.
+    """
     if is_distributed(optimizer):
         raise ValueError("the optimizer is already a hvd.DistributedOptimizer")
     cls: Any = distributed_class(type(optimizer))
@@ -59,6 +75,13 @@ def make_distributed(optimizer: Any, reducer: GradientReducer, in_place: bool) -
         optimizer.__class__ = cls
         target = optimizer
     else:
-        target = cls.from_config(optimizer.get_config())
+        config = optimizer.get_config()
+        if backward_passes_per_step > 1:
+            if "gradient_accumulation_steps" not in config:
+                raise NotImplementedError(
+                    "backward_passes_per_step > 1 needs Keras 3 (its optimizers accumulate "
+                    "gradients); tf-keras's do not")
+            config["gradient_accumulation_steps"] = backward_passes_per_step
+        target = cls.from_config(config)
     object.__setattr__(target, "_hora_reducer", reducer)
     return target
