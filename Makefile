@@ -20,9 +20,11 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q -e ".[examples]"
 	touch $@
 
-# The installed torch is pinned, so that no extra (lightning) swaps the CPU wheel for a CUDA one.
+# TensorFlow and tf-keras (hora[tensorflow]) for tests/multiprocess/test_tensorflow.py
+# and the Keras examples; Lightning for hora.lightning. The installed torch is
+# pinned, so that no extra (lightning) swaps the CPU wheel for a CUDA one.
 $(TEST_STAMP): $(STAMP)
-	$(PIP) install -q -e ".[test,examples,lightning]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
+	$(PIP) install -q -e ".[test,examples,tensorflow,lightning]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	touch $@
 
 install: $(STAMP)

@@ -1,4 +1,4 @@
-"""Gradient compression for allreduce: Horovod's ``hvd.Compression``."""
+"""Gradient compression for allreduce: Horovod's ``hvd.Compression`` (see :mod:`hora._compression`)."""
 
 from __future__ import annotations
 
@@ -6,62 +6,22 @@ from typing import Any
 
 import torch
 
-__all__ = ["Compression", "Compressor", "FP16Compressor", "BF16Compressor", "NoneCompressor"]
+from .._compression import CastCompressor, Compressor, NoneCompressor, compression_family
+
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
 
-class Compressor:
-    """Turns a tensor into what goes over the wire, and back."""
+class _TorchCast(CastCompressor):
+    @staticmethod
+    def is_floating(tensor: Any) -> bool:
+        return bool(tensor.dtype.is_floating_point)
 
     @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        raise NotImplementedError
+    def cast(tensor: Any, dtype: Any) -> Any:
+        return tensor.to(dtype)
 
 
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    wire_dtype: torch.dtype = torch.float16
-
-    @classmethod
-    def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        if tensor.dtype.is_floating_point and tensor.dtype != cls.wire_dtype:
-            return tensor.to(cls.wire_dtype), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor if ctx is None else tensor.to(ctx)
-
-
-class FP16Compressor(_CastCompressor):
-    """Sends floating-point tensors as float16, halving the bytes."""
-
-    wire_dtype = torch.float16
-
-
-class BF16Compressor(_CastCompressor):
-    """Sends floating-point tensors as bfloat16 (float32's range, less precision)."""
-
-    wire_dtype = torch.bfloat16
-
-
-class Compression:
-    """The compression algorithms, as ``hvd.Compression.none`` / ``.fp16`` / ``.bf16``."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
-    bf16 = BF16Compressor
+_family = compression_family(_TorchCast, torch.float16, torch.bfloat16)
+FP16Compressor: type[CastCompressor] = _family["FP16Compressor"]
+BF16Compressor: type[CastCompressor] = _family["BF16Compressor"]
+Compression: Any = _family["Compression"]

@@ -1,0 +1,4 @@
+"""``hora.keras.elastic``: the same as ``hora.tensorflow.keras.elastic``."""
+
+from hora.tensorflow.keras.elastic import *  # noqa: F403
+from hora.tensorflow.keras.elastic import __all__  # noqa: F401

@@ -1,0 +1,28 @@
+"""Gradient compression for TensorFlow allreduces: Horovod's ``hvd.Compression``
+(see :mod:`hora._compression`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from .._compression import CastCompressor, Compressor, NoneCompressor, compression_family
+
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+
+
+class _TFCast(CastCompressor):
+    @staticmethod
+    def is_floating(tensor: Any) -> bool:
+        return bool(tensor.dtype.is_floating)
+
+    @staticmethod
+    def cast(tensor: Any, dtype: Any) -> Any:
+        return tf.cast(tensor, dtype)
+
+
+_family = compression_family(_TFCast, tf.float16, tf.bfloat16)
+FP16Compressor: type[CastCompressor] = _family["FP16Compressor"]
+BF16Compressor: type[CastCompressor] = _family["BF16Compressor"]
+Compression: Any = _family["Compression"]
