@@ -73,7 +73,8 @@ clean:
 .PHONY: bench
 bench:
 	@test -f $(STAMP) || $(MAKE) install
-	@$(PY) -c "import lightning" 2>/dev/null || $(PIP) install -q -e ".[lightning]" \
+	@$(PY) -c "import lightning, tensorflow, tf_keras" 2>/dev/null \
+	  || $(PIP) install -q -e ".[lightning,tensorflow]" \
 	  "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	$(PY) bench/run_all.py
 
