@@ -7,12 +7,13 @@ non-editable install, as a ModuleNotFoundError at start.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.unit]
+
+tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11 and later")
 
 ROOT = Path(__file__).resolve().parents[2]
 
