@@ -1,0 +1,259 @@
+"""The container image and the docker compose cluster, built and run for real.
+
+The image is built from ``deploy/Dockerfile`` on a Debian base made here with
+debootstrap (no image registry is reachable from the test machines), from a
+wheelhouse that the host's pip fills (``PIP_OFFLINE=1``). Compose then runs the
+repository's ``docker-compose.yml``: a coordinator and trainer containers that
+join it by themselves, with the settings a user puts in ``.env``.
+
+Cached between runs on one machine: the base image, the wheelhouse
+(``deploy/wheels``) and the image's layers. Needs docker (a daemon; started
+here when installed but down), the Compose v2 plugin and debootstrap:
+``make deploy-deps`` installs them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from deploy_tools import (
+    ROOT,
+    TIMINGS,
+    ComposeProject,
+    checkout_tag,
+    docker_missing,
+    require,
+    run,
+)
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+BASE = "hora-test-base:bookworm"
+require("container image and docker compose", docker_missing(BASE))
+
+pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
+
+TOOLS = ROOT / "deploy" / "tools"
+IMAGE = checkout_tag("hora:test")
+ELASTIC = ["docker-compose.yml", "docker-compose.elastic.yml"]
+ACCURACY = re.compile(r"Test set: (?:Average loss: [\d.]+, )?Accuracy: ([\d.]+)")
+_projects = itertools.count()
+
+
+def build(tag: str, context: Path = ROOT, *args: str) -> str:
+    """``docker build`` of deploy/Dockerfile on the test base, offline; its output."""
+    proc = run(["docker", "build", "--force-rm", "-f", str(context / "deploy" / "Dockerfile"),
+                "--build-arg", f"BASE={BASE}", "--build-arg", "PIP_OFFLINE=1", *args,
+                "-t", tag, str(context)], timeout=1800)
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    """The image, built from this checkout (layers cached across runs)."""
+    started = time.monotonic()
+    run([str(TOOLS / "base-image.sh"), BASE], timeout=1200)
+    TIMINGS["base image"] = time.monotonic() - started
+    version = run(["docker", "run", "--rm", BASE, "python3", "-c",
+                   "import sys; print('%d.%d' % sys.version_info[:2])"], timeout=120)
+    started = time.monotonic()
+    run([str(TOOLS / "wheelhouse.sh"), sys.executable, version.stdout.strip()], timeout=1800)
+    TIMINGS["wheelhouse"] = time.monotonic() - started
+    started = time.monotonic()
+    build(IMAGE)
+    TIMINGS["image build"] = time.monotonic() - started
+    return IMAGE
+
+
+@pytest.fixture
+def compose(image, tmp_path) -> Iterator[Callable[..., ComposeProject]]:
+    """Makes compose projects of this checkout's files with the test image; each is torn
+    down after the test (a test that checks the teardown has done it already)."""
+    made: list[ComposeProject] = []
+
+    def make(files=("docker-compose.yml",), **settings: str) -> ComposeProject:
+        n = next(_projects)
+        project = ComposeProject(
+            f"horatest-{os.getpid()}-{n}", files, tmp_path / f"env.{n}",
+            {"HORA_TOKEN": secrets.token_hex(16), "HORA_IMAGE": image,
+             # Any free port on this machine, so that runs side by side do not collide.
+             "HORA_GRPC_PUBLISH": "127.0.0.1:", "HORA_HTTP_PUBLISH": "127.0.0.1:",
+             **settings})
+        made.append(project)
+        return project
+
+    yield make
+    for project in made:
+        if project.leftovers()["containers"]:
+            print(project.all_logs()[-8000:])  # shown when the test failed
+        project.down()
+
+
+def last_line(text: str) -> str:
+    lines = text.rstrip().splitlines()
+    return lines[-1].strip() if lines else ""
+
+
+def api(project: ComposeProject, path: str, token: str | None = None) -> httpx.Response:
+    url = f"http://{project.published('coordinator', 8080)}{path}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.get(url, headers=headers, timeout=10)
+
+
+def inspect(container: str, template: str) -> str:
+    return run(["docker", "inspect", "--format", template, container], timeout=30).stdout.strip()
+
+
+def test_image_runs_as_a_user_that_is_not_root(image):
+    assert inspect(image, "{{.Config.User}}") == "hora:hora"
+    uid = run(["docker", "run", "--rm", image, "id", "-u"], timeout=120).stdout.strip()
+    assert uid == "10001"
+    torch = run(["docker", "run", "--rm", image, "python", "-c",
+                 "import torch; print(torch.__version__, torch.cuda.is_available())"],
+                timeout=120).stdout.split()
+    assert torch == ["2.13.0+cpu", "False"]
+
+
+def test_a_code_change_rebuilds_only_the_layers_after_torch_and_the_dependencies(
+        image, tmp_path):
+    # The same build context, with one line of client code changed.
+    context = tmp_path / "context"
+    context.mkdir()
+    for name in ("pyproject.toml", "README.md", ".dockerignore"):
+        shutil.copy2(ROOT / name, context / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "checkpoints")
+    for name in ("proto", "native", "client_sdk", "services", "examples"):
+        shutil.copytree(ROOT / name, context / name, ignore=skip)
+    (context / "deploy").mkdir()
+    shutil.copy2(ROOT / "deploy" / "Dockerfile", context / "deploy" / "Dockerfile")
+    shutil.copytree(ROOT / "deploy" / "tools", context / "deploy" / "tools")
+    # Hard links: the wheelhouse is hundreds of MB.
+    shutil.copytree(ROOT / "deploy" / "wheels", context / "deploy" / "wheels",
+                    copy_function=os.link, ignore=shutil.ignore_patterns(".partial*"))
+    with open(context / "client_sdk" / "hora" / "_net.py", "a") as f:
+        f.write("# a code change\n")
+    tag = f"{image}-code-change"
+    started = time.monotonic()
+    try:
+        build(tag, context)
+        TIMINGS["rebuild after a code change"] = time.monotonic() - started
+        before = inspect(image, "{{json .RootFS.Layers}}")
+        after = inspect(tag, "{{json .RootFS.Layers}}")
+    finally:
+        run(["docker", "rmi", "--force", tag], timeout=120, check=False)
+    before_layers, after_layers = before.strip("[]").split(","), after.strip("[]").split(",")
+    # base, user, the virtualenv (torch and the dependencies), hora's wheel, its install,
+    # the examples.
+    assert len(before_layers) == len(after_layers) == 6, before_layers
+    assert before_layers[:3] == after_layers[:3], "torch or the dependencies were reinstalled"
+    assert before_layers[4] != after_layers[4], "the changed code did not reach the image"
+
+
+def test_an_unknown_torch_flavour_stops_the_build_naming_the_choices(image):
+    proc = run(["docker", "build", "--force-rm", "-f", "deploy/Dockerfile",
+                "--build-arg", f"BASE={BASE}", "--build-arg", "PIP_OFFLINE=1",
+                "--build-arg", "TORCH_FLAVOUR=rocm", "."], timeout=900, check=False)
+    assert proc.returncode != 0
+    assert "TORCH_FLAVOUR must be cpu or cuda, not 'rocm'" in proc.stdout + proc.stderr
+
+
+def test_compose_trains_digits_on_two_trainer_containers_that_join_by_themselves(compose):
+    project = compose()
+    token = project.settings["HORA_TOKEN"]
+    started = time.monotonic()
+    project.compose("up", "--detach", "--no-build", timeout=300)
+    coordinator = project.containers("coordinator")[0]["Name"]
+    assert inspect(coordinator, "{{.State.Health.Status}}") == "healthy"
+
+    # Published ports: the REST API (token required off loopback) and gRPC health.
+    assert api(project, "/readyz").json() == {"status": "ready"}
+    assert api(project, "/api/v1/jobs").status_code == 401
+    with grpc.insecure_channel(project.published("coordinator", 50051)) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                          timeout=10)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+    trainers = project.wait_exited("trainer", 2, timeout=600)
+    TIMINGS["compose: 2 trainers, 8 epochs"] = time.monotonic() - started
+    assert [t["ExitCode"] for t in trainers] == [0, 0], project.all_logs()[-5000:]
+    logs = {t["Name"]: project.logs(t["Name"]) for t in trainers}
+    (rank0,) = [name for name, text in logs.items() if "Test set" in text]
+    line = last_line(logs[rank0])
+    match = ACCURACY.search(line)
+    assert match, f"rank 0's last line is {line!r}"
+    assert float(match[1]) >= 0.90, line
+
+    # Each trainer is a container of its own: its own network stack and /dev/shm.
+    names = list(logs)
+    assert {inspect(n, "{{.HostConfig.IpcMode}}") for n in names} == {"private"}
+    # A bridge network: each container in a network namespace of its own (not "host",
+    # not another container's).
+    assert {inspect(n, "{{.HostConfig.NetworkMode}}") for n in names} == {
+        f"{project.name}_default"}
+
+    (job,) = [j for j in api(project, "/api/v1/jobs", token).json() if j["job_id"] == "digits"]
+    assert (job["state"], job["size"], job["generation"]) == ("finished", 2, 1)
+    members = api(project, "/api/v1/jobs/digits", token).json()["members"]
+    hostnames = {inspect(n, "{{.Config.Hostname}}") for n in names}
+    assert {m["host"] for m in members} == hostnames
+    assert sorted((m["rank"], m["local_rank"]) for m in members) == [(0, 0), (1, 0)]
+
+    assert project.down() == {"containers": [], "networks": [], "volumes": []}
+
+
+def test_elastic_compose_finishes_with_one_trainer_when_the_other_is_killed(compose):
+    project = compose(ELASTIC, HORA_EPOCHS="40")
+    token = project.settings["HORA_TOKEN"]
+    started = time.monotonic()
+    project.compose("up", "--detach", "--no-build", timeout=300)
+    # Rank 0 logs its progress: kill it once both train, so that the survivor must
+    # take over as rank 0.
+    rank0 = project.wait_for_line("trainer", "world 2", timeout=300)
+    run(["docker", "kill", rank0], timeout=60)
+    trainers = project.wait_exited("trainer", 2, timeout=600)
+    TIMINGS["compose elastic: a trainer killed"] = time.monotonic() - started
+    codes = {t["Name"]: t["ExitCode"] for t in trainers}
+    assert codes.pop(rank0) == 137  # SIGKILL
+    ((survivor, code),) = codes.items()
+    assert code == 0, project.logs(survivor)[-5000:]
+    line = last_line(project.logs(survivor))
+    assert line.endswith("(world of 1)"), line
+    match = ACCURACY.search(line)
+    assert match and float(match[1]) >= 0.90, line
+
+    (job,) = [j for j in api(project, "/api/v1/jobs", token).json()
+              if j["job_id"] == "digits-elastic"]
+    assert job["state"] == "finished" and job["elastic"] and job["generation"] >= 2, job
+    events = api(project, "/api/v1/jobs/digits-elastic/events", token).json()
+    formed = [e["message"] for e in events if e["kind"] == "generation"]
+    assert formed[0].startswith("generation 1 formed with 2 member(s)"), formed
+    assert formed[-1].startswith(f"generation {job['generation']} formed with 1 member(s)")
+    assert any(e["kind"] == "lost" for e in events), events
+
+    assert project.down() == {"containers": [], "networks": [], "volumes": []}
+
+
+def test_elastic_compose_grows_when_a_trainer_is_scaled_up(compose):
+    project = compose(ELASTIC, HORA_EPOCHS="80")
+    started = time.monotonic()
+    project.compose("up", "--detach", "--no-build", timeout=300)
+    project.wait_for_line("trainer", "world 2", timeout=300)
+    project.compose("up", "--detach", "--no-build", "--scale", "trainer=3", timeout=300)
+    project.wait_for_line("trainer", "world 3", timeout=300)
+    trainers = project.wait_exited("trainer", 3, timeout=600)
+    TIMINGS["compose elastic: scaled up"] = time.monotonic() - started
+    assert [t["ExitCode"] for t in trainers] == [0, 0, 0], project.all_logs()[-5000:]
+    (line,) = [last_line(project.logs(t["Name"])) for t in trainers
+               if "Test set" in project.logs(t["Name"])]
+    assert line.endswith("(world of 3)"), line
+    assert project.down() == {"containers": [], "networks": [], "volumes": []}
