@@ -1,4 +1,5 @@
-"""The deployment tests' end-of-run lines: one loud line per part skipped, and timings."""
+"""The deployment tests' last words: their timings, and one loud line per part skipped
+(after pytest's own summary, so that a `make test` without Docker or kubectl ends on it)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ from deploy_tools import SKIPPED, TIMINGS
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_terminal_summary(terminalreporter) -> None:
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
     if TIMINGS:
-        terminalreporter.write_line(
+        reporter.write_line(
             "deployment tests took: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
     for reason in SKIPPED.values():
-        terminalreporter.write_line(f"!!!!! {reason} !!!!!", red=True, bold=True)
+        reporter.write_line(f"!!!!! {reason} !!!!!", red=True, bold=True)
