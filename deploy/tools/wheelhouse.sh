@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fills deploy/wheels/ (torch/ and deps/) with the wheels deploy/Dockerfile installs, for
+# Fills deploy/wheels/ with the wheels deploy/Dockerfile installs (torch and the rest), for
 # an image whose Python is PYVER, so that the build needs no index (PIP_OFFLINE=1).
 #
 #     deploy/tools/wheelhouse.sh PYTHON PYVER [EXTRAS]
@@ -22,7 +22,7 @@ reqs=$("$PYTHON" "$ROOT/deploy/tools/requirements.py" "$ROOT/pyproject.toml" "$E
 build_reqs=$("$PYTHON" -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))' "$ROOT/pyproject.toml")
 stamp=$(printf '%s\n' "$PYVER" "torch==$TORCH_VERSION+cpu" "$reqs" "$build_reqs" | sha256sum | cut -c1-16)
 if [ -f "$OUT/.stamp" ] && [ "$(cat "$OUT/.stamp")" = "$stamp" ] \
-   && compgen -G "$OUT/torch/torch-*.whl" >/dev/null; then
+   && compgen -G "$OUT/torch-*.whl" >/dev/null; then
   echo "wheelhouse: up to date ($OUT)"; exit 0
 fi
 
@@ -39,10 +39,7 @@ if compgen -G "$work/all/nvidia_*.whl" >/dev/null; then
   echo "wheelhouse: CUDA wheels were pulled in ($(cd "$work/all" && ls nvidia_* | head -3)...)" >&2
   exit 1
 fi
-mkdir -p "$work/torch" "$work/deps"
-mv "$work"/all/torch-*.whl "$work/torch/"
-mv "$work"/all/*.whl "$work/deps/"
-rm -rf "$OUT/torch" "$OUT/deps"
-mv "$work/torch" "$work/deps" "$OUT/"
+rm -f "$OUT"/*.whl "$OUT/.stamp"
+mv "$work"/all/*.whl "$OUT/"
 echo "$stamp" > "$OUT/.stamp"
-echo "wheelhouse: $(ls "$OUT/torch") and $(ls "$OUT/deps" | wc -l) other wheels in $OUT"
+echo "wheelhouse: $(cd "$OUT" && ls torch-*.whl) and $(ls "$OUT" | grep -c -v -e '^torch-' -e README) other wheels in $OUT"

@@ -122,11 +122,13 @@ class ComposeProject:
         files: Compose files, relative to the repository root.
         env_file: Where the settings are written, as a user's ``.env`` would hold them.
         settings: The settings (HORA_TOKEN, HORA_IMAGE, ...).
+        root: Where the files are (and the build context): a checkout.
     """
 
     def __init__(self, name: str, files: Sequence[str], env_file: Path,
-                 settings: Mapping[str, str]) -> None:
+                 settings: Mapping[str, str], root: Path = ROOT) -> None:
         self.name = name
+        self.root = root
         self.files = list(files)
         self.env_file = env_file
         self.settings = dict(settings)
@@ -138,7 +140,7 @@ class ComposeProject:
 
     def compose(self, *args: str, timeout: float = 120, check: bool = True
                 ) -> subprocess.CompletedProcess:
-        files = [a for f in self.files for a in ("-f", str(ROOT / f))]
+        files = [a for f in self.files for a in ("-f", str(self.root / f))]
         return run(["docker", "compose", "-p", self.name, *files, "--env-file",
                     str(self.env_file), *args], timeout=timeout, check=check, env=self._env)
 
