@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $@
 
 $(TEST_STAMP): $(STAMP)
-	$(PIP) install -q -e ".[test,examples]"
+	$(PIP) install -q -e ".[test,examples,deploy]"
 	touch $@
 
 install: $(STAMP)

@@ -4,7 +4,7 @@ the newest Kubernetes release it knows), and the objects hold together: selector
 labels, references name what exists, and the trainers' settings are ones hora accepts
 (read by hora's own settings parser, the coordinator's command by its own).
 
-No cluster is started. Needs kubectl (for ``kubectl kustomize``) and kubernetes-validate
+No cluster is started. Needs ``kubectl kustomize`` (or ``kustomize build``) and kubernetes-validate
 (the ``deploy`` extra; ``make deploy-deps`` installs it).
 """
 
@@ -20,8 +20,12 @@ import yaml
 from deploy_tools import ROOT, require, run
 
 missing = []
-if shutil.which("kubectl") is None:
-    missing.append("kubectl (for kubectl kustomize)")
+if shutil.which("kubectl") is not None:
+    KUSTOMIZE = ["kubectl", "kustomize"]
+elif shutil.which("kustomize") is not None:
+    KUSTOMIZE = ["kustomize", "build"]
+else:
+    missing.append("kubectl or kustomize (for kubectl kustomize)")
 try:
     from kubernetes_validate import utils as kubernetes_validate
 except ImportError:
@@ -64,7 +68,7 @@ def tree(tmp_path_factory) -> Path:
 
 
 def kustomize(path: Path) -> list[dict]:
-    out = run(["kubectl", "kustomize", str(path)], timeout=60).stdout
+    out = run([*KUSTOMIZE, str(path)], timeout=60).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -143,7 +147,7 @@ def test_strict_validation_rejects_a_misspelt_field(built):
 def test_without_the_token_file_kustomize_names_it(tree, tmp_path):
     bare = tmp_path / "k8s"
     shutil.copytree(tree, bare, ignore=shutil.ignore_patterns("token.env"))
-    proc = run(["kubectl", "kustomize", str(bare / "job")], timeout=60, check=False)
+    proc = run([*KUSTOMIZE, str(bare / "job")], timeout=60, check=False)
     assert proc.returncode != 0
     assert "token.env" in proc.stderr
 
@@ -286,3 +290,15 @@ def test_the_service_monitor_scrapes_the_coordinator_with_the_token(built):
     assert selects(policy["spec"]["podSelector"],
                    pod_labels(one(docs, "Deployment", "coordinator")))
     assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [endpoint["port"]]
+
+
+def test_the_monitoring_component_carries_the_grafana_dashboard(built):
+    for variant in ("job-monitoring", "elastic-monitoring"):
+        configmap = one(built[variant], "ConfigMap")
+        # Grafana's dashboard sidecar (kube-prometheus-stack) loads ConfigMaps so labelled.
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (name, text) = configmap["data"].popitem()
+        assert name == "hora-dashboard.json"
+        # The component's copy is the dashboard tests/dashboard checks against /metrics.
+        assert text == (ROOT / "deploy" / "grafana" / "hora-dashboard.json").read_text()
+    assert not [d for d in built["job"] if d["kind"] == "ConfigMap"]
