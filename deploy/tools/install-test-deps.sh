@@ -84,4 +84,4 @@ PY
   # shellcheck disable=SC2086
   timeout 600 "$PYTHON" -m pip install -q $deps
 fi
-say "$(docker --version), $(docker compose version --short 2>/dev/null | sed 's/^/compose /'), $(command -v kubectl >/dev/null && echo kubectl || kustomize version 2>/dev/null | sed 's/^/kustomize /'), debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo '?')"
+say "$(docker --version), $(docker compose version --short 2>/dev/null | sed 's/^/compose /'), $(if kubectl kustomize --help >/dev/null 2>&1; then echo "kubectl kustomize"; else echo "kustomize $(kustomize version 2>/dev/null)"; fi), debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo '?')"
