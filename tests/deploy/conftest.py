@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from deploy_tools import SKIPPED, TIMINGS
+from deploy_tools import RESULTS, SKIPPED, TIMINGS
 
 
 @pytest.hookimpl(trylast=True)
@@ -15,5 +15,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if TIMINGS:
         reporter.write_line(
             "deployment tests took: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
+    if RESULTS:
+        reporter.write_line(
+            "deployment tests reached: " + "; ".join(f"{k}: {v}" for k, v in RESULTS.items()))
     for reason in SKIPPED.values():
         reporter.write_line(f"!!!!! {reason} !!!!!", red=True, bold=True)

@@ -19,13 +19,15 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["ROOT", "SKIPPED", "TIMINGS", "ComposeProject", "docker_missing", "require", "run"]
+__all__ = ["RESULTS", "ROOT", "SKIPPED", "TIMINGS", "ComposeProject", "docker_missing", "require", "run"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Part -> why it was skipped (printed loudly at the end of the run).
 SKIPPED: dict[str, str] = {}
 #: Step -> seconds it took (printed at the end of the run).
 TIMINGS: dict[str, float] = {}
+#: What a run reached, e.g. "2 trainers" -> "Accuracy: 0.9861" (printed at the end of the run).
+RESULTS: dict[str, str] = {}
 DOCKERD_LOG = Path("/var/log/hora-test-dockerd.log")
 
 

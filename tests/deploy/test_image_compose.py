@@ -32,6 +32,7 @@ import grpc
 import httpx
 import pytest
 from deploy_tools import (
+    RESULTS,
     ROOT,
     TIMINGS,
     ComposeProject,
@@ -42,7 +43,9 @@ from deploy_tools import (
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-BASE = "hora-test-base:bookworm"
+BASE_SUITE = "bookworm"
+BASE = f"hora-test-base:{BASE_SUITE}"
+BASE_PYTHON = "3.11"  # Debian bookworm's python3
 require("container image and docker compose", docker_missing(BASE))
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
@@ -68,13 +71,27 @@ def build(tag: str, env_file: Path, root: Path = ROOT, check: bool = True,
 def image(tmp_path_factory) -> str:
     """The image, built from this checkout (layers cached across runs)."""
     started = time.monotonic()
-    run([str(TOOLS / "base-image.sh"), BASE], timeout=1200)
-    TIMINGS["base image"] = time.monotonic() - started
+    # The wheelhouse (mostly network) is filled while debootstrap makes the base (mostly
+    # CPU): for the base's Python, known from its Debian release and checked below.
+    log = tmp_path_factory.mktemp("wheelhouse") / "log"
+    with open(log, "w") as out:
+        wheelhouse = subprocess.Popen(
+            [str(TOOLS / "wheelhouse.sh"), sys.executable, BASE_PYTHON],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        run([str(TOOLS / "base-image.sh"), BASE], timeout=1200,
+            env={**os.environ, "HORA_DEBIAN_SUITE": BASE_SUITE})
+        wheelhouse.wait(timeout=1800)
+    finally:
+        if wheelhouse.poll() is None:
+            wheelhouse.kill()
+            wheelhouse.wait(timeout=30)
+    assert wheelhouse.returncode == 0, (
+        f"wheelhouse.sh exited with {wheelhouse.returncode}\n{log.read_text()[-5000:]}")
+    TIMINGS["base image and wheelhouse, side by side"] = time.monotonic() - started
     version = run(["docker", "run", "--rm", BASE, "python3", "-c",
                    "import sys; print('%d.%d' % sys.version_info[:2])"], timeout=120)
-    started = time.monotonic()
-    run([str(TOOLS / "wheelhouse.sh"), sys.executable, version.stdout.strip()], timeout=1800)
-    TIMINGS["wheelhouse"] = time.monotonic() - started
+    assert version.stdout.strip() == BASE_PYTHON, f"{BASE} has Python {version.stdout}"
     started = time.monotonic()
     build(IMAGE, tmp_path_factory.mktemp("build") / "env")
     TIMINGS["image build"] = time.monotonic() - started
@@ -103,6 +120,14 @@ def compose(image, tmp_path) -> Iterator[Callable[..., ComposeProject]]:
         if project.leftovers()["containers"]:
             print(project.all_logs()[-8000:])  # shown when the test failed
         project.down()
+
+
+def assert_torn_down(project: ComposeProject) -> None:
+    """``docker compose down -v`` leaves none of the project's containers, networks, volumes."""
+    left = project.down()
+    assert left == {"containers": [], "networks": [], "volumes": []}, left
+    done = int(RESULTS.get("projects torn down, nothing left", "0")) + 1
+    RESULTS["projects torn down, nothing left"] = str(done)
 
 
 def last_line(text: str) -> str:
@@ -193,6 +218,7 @@ def test_compose_trains_digits_on_two_trainer_containers_that_join_by_themselves
     match = ACCURACY.search(line)
     assert match, f"rank 0's last line is {line!r}"
     assert float(match[1]) >= 0.90, line
+    RESULTS["compose, 2 trainers, rank 0's last line"] = line
 
     # Each trainer is a container of its own: its own network stack and /dev/shm.
     names = list(logs)
@@ -209,7 +235,7 @@ def test_compose_trains_digits_on_two_trainer_containers_that_join_by_themselves
     assert {m["host"] for m in members} == hostnames
     assert sorted((m["rank"], m["local_rank"]) for m in members) == [(0, 0), (1, 0)]
 
-    assert project.down() == {"containers": [], "networks": [], "volumes": []}
+    assert_torn_down(project)
 
 
 def test_elastic_compose_finishes_with_one_trainer_when_the_other_is_killed(compose):
@@ -231,6 +257,7 @@ def test_elastic_compose_finishes_with_one_trainer_when_the_other_is_killed(comp
     assert line.endswith("(world of 1)"), line
     match = ACCURACY.search(line)
     assert match and float(match[1]) >= 0.90, line
+    RESULTS["elastic, one trainer killed, the survivor's last line"] = line
 
     (job,) = [j for j in api(project, "/api/v1/jobs", token).json()
               if j["job_id"] == "digits-elastic"]
@@ -239,9 +266,10 @@ def test_elastic_compose_finishes_with_one_trainer_when_the_other_is_killed(comp
     formed = [e["message"] for e in events if e["kind"] == "generation"]
     assert formed[0].startswith("generation 1 formed with 2 member(s)"), formed
     assert formed[-1].startswith(f"generation {job['generation']} formed with 1 member(s)")
+    RESULTS["elastic, one trainer killed, generations"] = " / ".join(formed)
     assert any(e["kind"] == "lost" for e in events), events
 
-    assert project.down() == {"containers": [], "networks": [], "volumes": []}
+    assert_torn_down(project)
 
 
 def test_elastic_compose_grows_when_a_trainer_is_scaled_up(compose):
@@ -264,6 +292,7 @@ def test_elastic_compose_grows_when_a_trainer_is_scaled_up(compose):
     formed = [e["message"] for e in events if e["kind"] == "generation"]
     assert formed[0].startswith("generation 1 formed with 2 member(s)"), formed
     assert formed[-1].startswith(f"generation {job['generation']} formed with 3 member(s)")
+    RESULTS["elastic, scaled up, generations"] = " / ".join(formed)
     members = api(project, "/api/v1/jobs/digits-elastic", token).json()["members"]
     assert sorted(m["rank"] for m in members if m["state"] == "active") == [0, 1, 2], members
-    assert project.down() == {"containers": [], "networks": [], "volumes": []}
+    assert_torn_down(project)
