@@ -228,6 +228,10 @@ def test_compose_trains_digits_on_two_trainer_containers_that_join_by_themselves
     assert {inspect(n, "{{.HostConfig.NetworkMode}}") for n in names} == {
         f"{project.name}_default"}
 
+    # The dashboard from this machine, its pages shipped in the image's wheel.
+    page = api(project, "/jobs/digits", token)
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"], page
+    assert "<title>" in page.text
     (job,) = [j for j in api(project, "/api/v1/jobs", token).json() if j["job_id"] == "digits"]
     assert (job["state"], job["size"], job["generation"]) == ("finished", 2, 1)
     members = api(project, "/api/v1/jobs/digits", token).json()["members"]
