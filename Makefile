@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml | $(PY)
 # and the Keras examples; Lightning for hora.lightning. The installed torch is
 # pinned, so that no extra (lightning) swaps the CPU wheel for a CUDA one.
 $(TEST_STAMP): $(STAMP)
-	$(PIP) install -q -e ".[test,examples,tensorflow,lightning]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
+	$(PIP) install -q -e ".[test,examples,deploy,tensorflow,lightning]" \
+	  "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	touch $@
 
 install: $(STAMP)
@@ -92,3 +93,15 @@ bench-coordinator:
 bench-liveness:
 	@test -f $(STAMP) || $(MAKE) install
 	$(PY) bench/liveness.py
+
+# ---- Deployment: the image, docker compose, Kubernetes (tests/deploy) ----------------
+# `make test` runs tests/deploy with the rest; a part whose tools are missing is skipped,
+# with one loud line at the end of the run naming it. `make deploy-deps` installs them
+# when missing (root, Debian): docker.io, debootstrap, the Compose v2 plugin, and
+# kubernetes-validate (the deploy extra) in $(VENV). `make test-deploy` runs only them.
+.PHONY: deploy-deps test-deploy
+deploy-deps: $(TEST_STAMP)
+	deploy/tools/install-test-deps.sh $(PY)
+
+test-deploy: $(TEST_STAMP)
+	$(PY) -m pytest -q tests/deploy

@@ -128,7 +128,7 @@ def main():
     test_loss = metric_average(test_loss / len(test_sampler), "avg_loss")
     test_accuracy = metric_average(correct / len(test_sampler), "avg_accuracy")
     if hvd.rank() == 0:
-        print(f"\nTest set: Average loss: {test_loss:.4f}, Accuracy: {test_accuracy:.4f}\n")
+        print(f"\nTest set: Average loss: {test_loss:.4f}, Accuracy: {test_accuracy:.4f}")
     hvd.shutdown()
 
 

@@ -111,7 +111,7 @@ def main():
         correct = (model(images).argmax(1) == labels).float().mean()
     accuracy = hvd.allreduce(correct, name="test.accuracy").item()
     if hvd.rank() == 0:
-        print(f"\nTest set: Accuracy: {accuracy:.4f} (world of {hvd.size()})\n", flush=True)
+        print(f"\nTest set: Accuracy: {accuracy:.4f} (world of {hvd.size()})", flush=True)
     hvd.shutdown()
 
 

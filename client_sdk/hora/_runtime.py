@@ -73,6 +73,10 @@ class Runtime:
         """The newest host change the coordinator announced, and whether it only removed."""
         return self.engine.host_update_epoch()
 
+    def generation_host_epoch(self) -> int:
+        """The host-change epoch the coordinator had when this generation formed."""
+        return self.world.host_update_epoch
+
     def auto_name(self, op: str, process_set_id: int = 0) -> str:
         """Names an unnamed tensor the same way on every rank of its process set.
 

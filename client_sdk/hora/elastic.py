@@ -47,16 +47,23 @@ class State:
             into one answer, the same on every rank: the newest epoch, and
             removals only if every rank says so. A collective; the default
             broadcasts rank 0's with ``bcast_object``.
+        generation_host_epoch: the job's host-change epoch when the current
+            generation formed (its world view says; the same on every rank).
+            Changes up to it are in the world already; a newer one is a
+            newcomer waiting, even one that came before this worker's first
+            heartbeat. Default: the newest epoch seen, as of the sync.
     """
 
     def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
                  host_update_epoch: Callable[[], tuple[int, bool]] | None = None,
-                 agree_host_update: Callable[[tuple[int, bool]], tuple[int, bool]] | None = None
-                 ) -> None:
+                 agree_host_update: Callable[[tuple[int, bool]], tuple[int, bool]] | None = None,
+                 generation_host_epoch: Callable[[], int] | None = None) -> None:
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._host_update_epoch = host_update_epoch or (lambda: (0, False))
         self._agree_host_update = agree_host_update or bcast_object
+        self._generation_host_epoch = (generation_host_epoch
+                                       or (lambda: self._host_update_epoch()[0]))
         self._last_host_epoch = 0
         self._reset_callbacks: list[Callable[[], None]] = []
 
@@ -80,9 +87,10 @@ class State:
         self.check_host_updates()
 
     def sync_host_updates(self) -> None:
-        """Adopts the agreed host-change epoch, so that changes already handled do not
-        interrupt again (a worker that just joined starts from the job's epoch)."""
-        epoch, _ = self._agree_host_update(self._host_update_epoch())
+        """Adopts the epoch the current generation formed at, so that changes it took in
+        do not interrupt again (a worker that just joined starts from there), while a
+        newcomer that joined after the forming interrupts at the next commit."""
+        epoch, _ = self._agree_host_update((self._generation_host_epoch(), False))
         self._last_host_epoch = epoch
 
     def check_host_updates(self) -> None:
@@ -112,10 +120,12 @@ class ObjectState(State):
     def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
                  host_update_epoch: Callable[[], tuple[int, bool]] | None = None,
                  agree_host_update: Callable[[tuple[int, bool]], tuple[int, bool]] | None = None,
+                 generation_host_epoch: Callable[[], int] | None = None,
                  **kwargs: Any) -> None:
         self._saved_state = dict(kwargs)
         self._set_attrs()
-        super().__init__(bcast_object, get_rank, host_update_epoch, agree_host_update)
+        super().__init__(bcast_object, get_rank, host_update_epoch, agree_host_update,
+                         generation_host_epoch)
 
     def _set_attrs(self) -> None:
         for name, value in self._saved_state.items():

@@ -181,7 +181,7 @@ _MEMBER_FIELDS = (
 )
 _COUNTERS = (
     "arrivals", "negotiated_tensors", "errors", "negotiation_messages", "reset_count",
-    "host_update_epoch", "removals_only", "event_count", "history_restarted", "events_dropped",
+    "host_update_epoch", "generation_host_epoch", "removals_only", "event_count", "history_restarted", "events_dropped",
     "is_homogeneous", "generation", "failure", "created_at",
 )
 

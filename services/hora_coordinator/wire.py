@@ -189,7 +189,7 @@ def world_view_pb(view: WorldView, templates: ViewTemplates | None = None) -> rp
             admitting a world of n costs O(n) Python work, not O(n^2).
     """
     key = (id(view.members), view.job_id, view.generation, view.size, view.is_homogeneous,
-           view.store_prefix)
+           view.store_prefix, view.host_update_epoch)
     held = templates.get(key) if templates is not None else None
     if held is not None and held[0] is view.members:
         template = held[1]
@@ -201,6 +201,7 @@ def world_view_pb(view: WorldView, templates: ViewTemplates | None = None) -> rp
             is_homogeneous=view.is_homogeneous,
             members=[_member_pb(m) for m in view.members],
             store_prefix=view.store_prefix,
+            host_update_epoch=view.host_update_epoch,
         )
         if templates is not None:
             # Holding the tuple keeps its id from being reused while the entry lives.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from coordinator_transitions import admits, events_to, form, jreq, responses_to, submit, treq
 
-from hora_coordinator import state
+from hora_coordinator import state, wire
 from hora_coordinator.errors import (
     InvalidRequestError,
     JobFailedError,
@@ -259,6 +259,23 @@ def test_newcomer_while_running_bumps_the_epoch_and_joins_after_the_survivors():
     assert views["n"].size == 3 and views["n"].generation == 2
     assert [(m.host, m.local_rank) for m in views["n"].members] == [("b", 0), ("b", 1), ("a", 0)]
     assert kinds(job).count("join_waiting") == 1 and job.reset_count == 1
+
+
+def test_world_views_carry_the_epoch_of_their_forming_so_a_prompt_newcomer_is_not_missed():
+    # A container that starts just after a generation formed joins before the members'
+    # first heartbeat: the members must still see its epoch as new.
+    job = elastic_job(2, min_size=1, max_size=4)
+    bounds = {"min_size": 1, "max_size": 4}
+    state.join(job, jreq("n1", 2, **ELASTIC | bounds), 1.0)
+    state.leave(job, "w0", "reset", 2.0, rejoin=True)
+    state.join(job, jreq("w0", 2, **ELASTIC | bounds), 2.1)
+    state.leave(job, "w1", "reset", 2.0, rejoin=True)
+    views = admits(state.join(job, jreq("w1", 2, **ELASTIC | bounds), 2.2))
+    assert {v.host_update_epoch for v in views.values()} == {1}  # n1's change is in
+    assert wire.world_view_pb(views["n1"]).host_update_epoch == 1
+    state.join(job, jreq("n2", 2, **ELASTIC | bounds), 2.25)  # before any heartbeat
+    beat = state.heartbeat(job, "w0", 2.3, LEASE)
+    assert beat.host_update_epoch == 2 > views["w0"].host_update_epoch
 
 
 def test_newcomer_at_max_size_waits_without_an_epoch_bump_and_joins_a_later_round():

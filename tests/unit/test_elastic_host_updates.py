@@ -39,3 +39,24 @@ def test_a_newer_agreed_epoch_interrupts_once_with_its_skip_sync():
     with pytest.raises(HostsUpdatedInterrupt) as exc:
         state.commit()
     assert exc.value.skip_sync is False
+
+
+def test_a_newcomer_that_came_before_the_first_heartbeat_still_interrupts():
+    # The generation formed at epoch 1; a newcomer raised the job's epoch to 2 before
+    # this worker's first heartbeat, which already reports 2.
+    seen = [(2, False)]
+    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0,
+                        host_update_epoch=lambda: seen[-1],
+                        agree_host_update=lambda mine: mine,
+                        generation_host_epoch=lambda: 1, epoch=0)
+    state.sync_host_updates()
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.commit()
+    state.commit()  # handled once
+
+
+def test_without_a_generation_epoch_the_sync_adopts_the_newest_seen():
+    seen = [(2, False)]
+    state = make(seen, [(2, False)])
+    state.sync_host_updates()
+    state.commit()

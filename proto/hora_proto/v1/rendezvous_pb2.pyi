@@ -84,7 +84,7 @@ class Member(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., data_plane_address: _Optional[str] = ..., local_rank: _Optional[int] = ..., last_heartbeat_unix_ms: _Optional[int] = ...) -> None: ...
 
 class WorldView(_message.Message):
-    __slots__ = ("job_id", "generation", "size", "rank", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous", "members", "store_prefix")
+    __slots__ = ("job_id", "generation", "size", "rank", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous", "members", "store_prefix", "host_update_epoch")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class WorldView(_message.Message):
     IS_HOMOGENEOUS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     STORE_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    HOST_UPDATE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     generation: int
     size: int
@@ -107,7 +108,8 @@ class WorldView(_message.Message):
     is_homogeneous: bool
     members: _containers.RepeatedCompositeFieldContainer[Member]
     store_prefix: str
-    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., size: _Optional[int] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ..., cross_rank: _Optional[int] = ..., cross_size: _Optional[int] = ..., is_homogeneous: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., store_prefix: _Optional[str] = ...) -> None: ...
+    host_update_epoch: int
+    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., size: _Optional[int] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ..., cross_rank: _Optional[int] = ..., cross_size: _Optional[int] = ..., is_homogeneous: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., store_prefix: _Optional[str] = ..., host_update_epoch: _Optional[int] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("world",)

@@ -89,6 +89,7 @@ def form_generation(job: Job, rnd: Round, now: float) -> list[Effect]:
     kept = sum(1 for j in ordered if j.worker_id in rnd.previous)
     placements, homogeneous = place([j.host for j in ordered])
     job.generation += 1
+    job.generation_host_epoch = job.host_update_epoch
     job.config = config
     job.round = None
     if later:  # beyond max_size: they wait for a later round

@@ -195,6 +195,9 @@ class Job:
     elastic: ElasticBounds | None = None
     reset_count: int = 0  # generations formed after the first (elastic resets)
     host_update_epoch: int = 0
+    # host_update_epoch when the current generation formed (its world views carry it):
+    # a member told of a newer epoch knows a newcomer waits, however soon it came.
+    generation_host_epoch: int = 0
     removals_only: bool = False
     events: deque[JobEvent] = field(default_factory=lambda: deque(maxlen=EVENT_LOG_LIMIT))
     # Events ever recorded (the deque keeps the newest); the journal writes the rest.

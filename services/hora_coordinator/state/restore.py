@@ -80,6 +80,9 @@ def restore_job(request: ReattachRequest, now: float, max_events: int = EVENT_LO
     job.table = NegotiationTable(size, job.config.fusion_threshold_bytes)
     job.phase = JobPhase.RUNNING
     job.host_update_epoch = request.host_update_epoch
+    # Not known after a restart without a journal: the members' own newest epoch is the
+    # best guess (a retried Join's view then interrupts no one needlessly).
+    job.generation_host_epoch = request.host_update_epoch
     job.history_restarted = True
     record(
         job,

@@ -69,6 +69,7 @@ class WorldView:
     is_homogeneous: bool
     members: tuple[WorldMember, ...]
     store_prefix: str
+    host_update_epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ def world_view(
         is_homogeneous=job.is_homogeneous,
         members=members if members is not None else world_members(job),
         store_prefix=f"{job.job_id}/gen-{job.generation}/",
+        host_update_epoch=job.generation_host_epoch,
     )
 
 

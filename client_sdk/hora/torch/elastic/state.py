@@ -20,6 +20,10 @@ def _host_update_epoch() -> tuple[int, bool]:
     return _runtime.current().host_update_epoch()
 
 
+def _generation_host_epoch() -> int:
+    return _runtime.current().generation_host_epoch()
+
+
 def _agree_host_update(mine: tuple[int, bool]) -> tuple[int, bool]:
     """The newest epoch any rank saw, and removals only if every rank says so.
 
@@ -40,7 +44,8 @@ class ObjectState(_ObjectState):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(bcast_object=broadcast_object, get_rank=rank,
                          host_update_epoch=_host_update_epoch,
-                         agree_host_update=_agree_host_update, **kwargs)
+                         agree_host_update=_agree_host_update,
+                         generation_host_epoch=_generation_host_epoch, **kwargs)
 
 
 class _Handler:
