@@ -139,6 +139,12 @@ class Engine:
     def mesh_batches(self) -> int:
         return self.agreement.mesh_batches
 
+    @property
+    def pair_allreduces(self) -> int:
+        """Batches two ranks on two machines swapped over the mesh instead of Gloo."""
+        pair = self._mesh.pair if self._mesh is not None else None
+        return pair.allreduces if pair is not None else 0
+
     def enqueue(self, entry: Entry) -> Handle:
         """Submits ``entry`` for negotiation and returns its handle.
 
