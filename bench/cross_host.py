@@ -77,7 +77,7 @@ def worker(system: str, out: str, sizes: list[int]) -> None:
         tensor = torch.zeros(nbytes // 4, dtype=torch.float32)
         name = f"bench.cross.{nbytes}"
         before = engine.mesh_batches if engine is not None else 0
-        pair_before = engine.pair_allreduces if engine is not None else 0
+        pair_before = engine.pairwise_allreduces if engine is not None else 0
         iters = ITERS.get(nbytes, 5)
         result["sizes"][str(nbytes)] = common.time_reps(
             lambda t=tensor, n=name: comm.allreduce_(t, n), warmup=WARMUP, reps=REPS,
@@ -88,7 +88,7 @@ def worker(system: str, out: str, sizes: list[int]) -> None:
             # mesh carried it, none when Gloo did.
             result["mesh_rounds"][str(nbytes)] = [engine.mesh_batches - before,
                                                   WARMUP + REPS * iters]
-            result["pair"][str(nbytes)] = engine.pair_allreduces - pair_before
+            result["pair"][str(nbytes)] = engine.pairwise_allreduces - pair_before
     tensors = [torch.zeros(SMALL_BYTES // 4) for _ in range(SMALL_TENSORS)]
     names = [f"bench.cross.small.{i}" for i in range(SMALL_TENSORS)]
 
@@ -209,10 +209,10 @@ def _path(runs: list[common.LaunchResult], nbytes: int) -> str:
     if carried >= total - WARMUP * len(counts):
         return "mesh round, shared memory" if shared else "mesh round, TCP"
     if paired >= total - WARMUP * len(counts):
-        return "pair exchange, TCP"
+        return "pairwise swaps, TCP"
     if carried == 0 and paired == 0:
         return "Gloo"
-    return f"mesh round {carried}, pair {paired}, rest Gloo (of {total})"
+    return f"mesh round {carried}, pairwise {paired}, rest Gloo (of {total})"
 
 
 def main() -> None:

@@ -299,6 +299,42 @@ class MeshTransport:
         result[self.rank] = (list(values), payload if nbytes else None)
         sending = {peer: _Outgoing(conn, head, body) for peer, conn in self._peers.items()}
         receiving = {peer: _Incoming(self, peer, n) for peer in self._peers}
+        for peer, message in self._transfer(sending, receiving).items():
+            result[peer] = message
+        self._exchanges += 1
+        while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
+            unlink(self._unlink_after.pop(0)[1])
+        return result
+
+    def swap(self, peer: int, payload: torch.Tensor) -> torch.Tensor:
+        """Sends ``payload`` (uint8, contiguous) to ``peer`` while receiving what it sends.
+
+        Only ``peer`` takes part: the two ranks must call it in the same order
+        relative to their other exchanges with each other. The bytes travel
+        over the socket even in shared-memory mode.
+
+        Returns:
+            The peer's payload, a view of a buffer the mesh reuses: valid until
+            the next exchange or swap with that peer.
+
+        Raises:
+            BackendError: the peer died, or the timeout passed.
+        """
+        if self._aborted is not None:
+            raise BackendError(f"control mesh: rank {self.rank}'s exchanges were aborted: "
+                               f"{self._aborted}")
+        nbytes = payload.numel()
+        head = _MESSAGE.pack(0, nbytes, 0, _INLINE)
+        body = memoryview(payload.numpy()) if nbytes else None  # type: ignore[arg-type]
+        got = self._transfer({peer: _Outgoing(self._peers[peer], head, body)},
+                             {peer: _Incoming(self, peer, 0)})[peer][1]
+        return got if got is not None else payload[:0]
+
+    def _transfer(self, sending: dict[int, _Outgoing], receiving: dict[int, _Incoming]
+                  ) -> dict[int, tuple[list[int], torch.Tensor | None]]:
+        """Pushes every outgoing message and pulls every incoming one, concurrently, on
+        non-blocking sockets; returns the incoming messages by peer."""
+        result: dict[int, tuple[list[int], torch.Tensor | None]] = {}
         deadline = time.monotonic() + self._timeout
         self.waiting_for = tuple(receiving)
         try:
@@ -332,9 +368,6 @@ class MeshTransport:
                 from exc
         finally:
             self.waiting_for = ()
-        self._exchanges += 1
-        while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
-            unlink(self._unlink_after.pop(0)[1])
         return result
 
     def _buffer(self, peer: int, nbytes: int) -> torch.Tensor:

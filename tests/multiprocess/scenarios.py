@@ -699,7 +699,7 @@ def fusion_mix(rounds: int = 3):
 def mesh_steps(dtype_names, op_names, steps):
     """Cached allreduces enqueued in a different order on odd ranks, so that rounds
     see different ready sets; returns each step's results, the mesh's batch count and
-    the pair exchange's allreduce count."""
+    the pairwise allreduce's count."""
     from hora import _runtime
 
     rank = hvd.rank()
@@ -719,7 +719,7 @@ def mesh_steps(dtype_names, op_names, steps):
                 time.sleep(0.002)
         steps_out.append({key: hvd.synchronize(h) for key, h in handles.items()})
     engine = _runtime.current().engine
-    return steps_out, engine.mesh_batches, engine.pair_allreduces
+    return steps_out, engine.mesh_batches, engine.pairwise_allreduces
 
 
 def mesh_gaps(steps):

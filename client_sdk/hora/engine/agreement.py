@@ -408,15 +408,16 @@ class Agreement:
                 self._allreduce(backend, batch)
                 self.mesh_batches += 1
             ready = [item for item in ready if not mesh_round.carries(item[0])]
-        #    Two ranks on two machines swap such batches over the mesh's connection
-        #    (PairExchange: a ring's bytes in one step); every rank picks the same
-        #    backend for a batch, from what all ranks agree on.
+        #    2 or 4 ranks on several machines swap such batches between pairs of
+        #    ranks over the mesh's connections (PairwiseAllreduce: a ring's bytes
+        #    in fewer steps); every rank picks the same backend for a batch, from
+        #    what all ranks agree on.
         group = self._executor.sets.get(0)
-        pair = self._mesh.pair if self._mesh is not None else None
+        pairwise = self._mesh.pairwise if self._mesh is not None else None
         for batch in self._batches(ready, agreed.fusion_threshold_kib * 1024):
             device = batch[0][2].buffer.device.type
-            if pair is not None and device == "cpu" and pair.takes(batch[0][1].dtype):
-                self._allreduce(pair, batch)
+            if pairwise is not None and device == "cpu" and pairwise.takes(batch[0][1].dtype):
+                self._allreduce(pairwise, batch)
                 continue
             backend = self._executor.sets.backend(device, group)
             self._allreduce(backend, batch)
