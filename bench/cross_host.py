@@ -19,9 +19,11 @@ Per topology (2 hosts × 1 rank, 2 hosts × 2 ranks), in interleaved launches:
 Each worker times one float32 tensor allreduced (sum, in place, waited on)
 at 4 KiB to 64 MiB, then 100 tensors of 4 KiB per step (all enqueued
 async, then all waited on; Gloo one by one). hora's workers also record
-which data plane carried each size: the mesh's sockets (its agreement
-exchange carries the bytes, up to ``HORA_MESH_ALLREDUCE_BYTES`` per round,
-split among the peers) or Gloo, and whether the mesh found shared memory.
+which data plane carried each size: the agreement round's own exchange
+(the bytes ride it, up to ``HORA_MESH_ALLREDUCE_BYTES`` per round, split
+among the peers), swaps between pairs of ranks (``PairwiseAllreduce``:
+through ``/dev/shm`` with a rank on the same host, over TCP across hosts),
+or Gloo.
 """
 
 from __future__ import annotations
@@ -72,12 +74,13 @@ def worker(system: str, out: str, sizes: list[int]) -> None:
         from hora._runtime import current
 
         engine = current().engine
-    result: dict[str, Any] = {"sizes": {}, "mesh_rounds": {}, "pair": {}}
+    result: dict[str, Any] = {"sizes": {}, "mesh_rounds": {}, "pair": {}, "shm_swaps": {}}
     for nbytes in sizes:
         tensor = torch.zeros(nbytes // 4, dtype=torch.float32)
         name = f"bench.cross.{nbytes}"
         before = engine.mesh_batches if engine is not None else 0
         pair_before = engine.pairwise_allreduces if engine is not None else 0
+        swaps_before = engine._mesh.transport.shared_swaps if engine is not None else 0
         iters = ITERS.get(nbytes, 5)
         result["sizes"][str(nbytes)] = common.time_reps(
             lambda t=tensor, n=name: comm.allreduce_(t, n), warmup=WARMUP, reps=REPS,
@@ -89,6 +92,7 @@ def worker(system: str, out: str, sizes: list[int]) -> None:
             result["mesh_rounds"][str(nbytes)] = [engine.mesh_batches - before,
                                                   WARMUP + REPS * iters]
             result["pair"][str(nbytes)] = engine.pairwise_allreduces - pair_before
+            result["shm_swaps"][str(nbytes)] = engine._mesh.transport.shared_swaps - swaps_before
     tensors = [torch.zeros(SMALL_BYTES // 4) for _ in range(SMALL_TENSORS)]
     names = [f"bench.cross.small.{i}" for i in range(SMALL_TENSORS)]
 
@@ -209,6 +213,8 @@ def _path(runs: list[common.LaunchResult], nbytes: int) -> str:
     if carried >= total - WARMUP * len(counts):
         return "mesh round, shared memory" if shared else "mesh round, TCP"
     if paired >= total - WARMUP * len(counts):
+        if any(r.rank0["shm_swaps"][str(nbytes)] for r in runs if r.ok):
+            return "pairwise swaps: /dev/shm within a host, TCP across"
         return "pairwise swaps, TCP"
     if carried == 0 and paired == 0:
         return "Gloo"

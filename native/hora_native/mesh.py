@@ -269,9 +269,11 @@ class PairwiseAllreduce:
       quarter with the rank at distance 2; then send the reduced quarter back
       the same way, doubling. Four steps instead of a ring's six, with a
       ring's bytes per rank. Ranks fill hosts in order, so with 2 ranks per
-      host the distance-1 swaps stay on the machine and only quarters cross
-      between machines: the whole tensor once each way per machine, against
-      1.5 times that on a ring.
+      host the distance-1 swaps stay on the machine, where they go through
+      /dev/shm (:meth:`MeshTransport.swap` with a local peer), and only
+      quarters cross between machines: the whole tensor once each way per
+      machine, against 1.5 times that on a ring, and a third of a ring's
+      bytes through the network stack.
 
     Every rank gets the same bits. With 4 ranks one rank reduces each quarter
     and the others receive copies. With 2, both reduce: SUM and PRODUCT are

@@ -3,6 +3,7 @@ over real loopback sockets, and every rank gets the reference's bits."""
 
 from __future__ import annotations
 
+import glob
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from test_control_mesh import build, run_all
 
 from hora_native import BackendError, ReduceKind
 from hora_native.mesh import MESH_DTYPES, PairwiseAllreduce
+from hora_native.mesh_transport import MeshTransport as ControlMesh
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -22,19 +24,29 @@ REFERENCE = {
 }
 
 
-@pytest.fixture
-def world() -> Iterator[Callable[..., list[PairwiseAllreduce]]]:
-    """``world(size, chunk_bytes)``: connected ranks' PairwiseAllreduce; closed after."""
-    made = []
+@pytest.fixture(params=["sockets", "shared-memory"])
+def world(request: pytest.FixtureRequest) -> Iterator[Callable[..., list[PairwiseAllreduce]]]:
+    """``world(size, chunk_bytes)``: connected ranks' PairwiseAllreduce; closed after.
+
+    Swaps go over sockets, or (the ranks share /dev/shm) through the segment
+    each rank keeps for each peer; afterwards, the test checks which."""
+    shared = request.param == "shared-memory"
+    made: list[ControlMesh] = []
 
     def make(size: int, chunk_bytes: int) -> list[PairwiseAllreduce]:
-        meshes = build(size)
+        meshes = build(size, shared=shared)
+        assert all(mesh.local_peers == set(range(size)) - {rank}
+                   for rank, mesh in enumerate(meshes)) == shared
         made.extend(meshes)
         return [PairwiseAllreduce(mesh, rank, chunk_bytes) for rank, mesh in enumerate(meshes)]
 
     yield make
+    swapped = sum(mesh.shared_swaps for mesh in made)
     for mesh in made:
         mesh.close()
+    assert (swapped > 0) == shared or not made, f"{swapped} swaps through shared memory"
+    left = [path for mesh in made for path in glob.glob(f"{mesh._prefix}*")]
+    assert not left, f"segments left in /dev/shm: {left}"
 
 
 def _input(rank: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
