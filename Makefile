@@ -29,8 +29,23 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/horarun -np 2 $(PY) examples/pytorch_digits.py --epochs 8
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) chromium
 	$(PY) -m pytest -q tests
+
+# The dashboard's browser tests (tests/dashboard) drive Debian's chromium through
+# Playwright, which never downloads a browser: install the apt package when missing.
+# Without root (or password-less sudo) and apt, say so; those tests then skip, saying why.
+.PHONY: chromium
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	    || [ -n "$$HORA_CHROMIUM" ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: no chromium and no apt-get: the dashboard's browser tests will be skipped"; exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else \
+	  echo "make: no chromium, and installing it needs root: the dashboard's browser tests will be skipped"; exit 0; fi; \
+	echo "make: installing chromium (apt) for the dashboard's browser tests"; \
+	$$SUDO apt-get install -y -q chromium >/dev/null 2>&1 \
+	  || { $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check proto/hora_proto client_sdk services native tests examples bench

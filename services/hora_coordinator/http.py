@@ -128,4 +128,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(telemetry_router)
     app.include_router(live_router)
+    from .dashboard import router as dashboard_router  # the pages: / and /jobs/{job_id}
+
+    app.include_router(dashboard_router)
     return app

@@ -248,7 +248,8 @@ async def serve(
         info = ServingInfo(
             settings.host, grpc_port, http_port, settings.token, os.getpid(), tls is not None
         )
-        logger.info("hora-coordinator: gRPC on %s, HTTP on %s", info.grpc_address, info.http_url)
+        logger.info("hora-coordinator: gRPC on %s, HTTP on %s, dashboard %s/",
+                    info.grpc_address, info.http_url, info.http_url)
         if ready is not None:
             ready(info)
         await stop.wait()

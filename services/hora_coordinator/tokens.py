@@ -116,6 +116,7 @@ def connect_help(
         f"    gRPC:      {grpc_address}",
         f"    HTTP API:  {url}/api/v1/jobs?token={token}",
         f"               (or header 'Authorization: Bearer {token}', or cookie hora_token)",
+        f"    dashboard: {url}/?token={token}",
         f"    a job:     HORA_TOKEN={token} horarun --coordinator {grpc_address}{ca} "
         f"-np 2 python train.py",
         f"    workers:   HORA_COORDINATOR={grpc_address} HORA_TOKEN={token}"

@@ -63,7 +63,9 @@ def test_loss_tells_survivors_and_the_next_round_keeps_them_in_old_rank_order():
     assert job.phase is state.JobPhase.GATHERING
     assert job.members[1].state is state.MemberState.LOST
     assert job.round is not None and job.round.expected == {"w0", "w2"}
-    assert state.stream_closed(job, "w0", 1, 1.1) == []  # old generation: never a loss
+    # A survivor leaves the ended generation, then closes its stream: no loss.
+    state.leave(job, "w0", "reset", 1.1, rejoin=True)
+    assert state.stream_closed(job, "w0", 1, 1.1) == []
     assert state.join(job, jreq("w2", 3, "x", **ELASTIC), 2.0) == []
     views = admits(rejoin(job, "w0", 2.5, "z"))
     assert ranks(views) == {"w0": 0, "w2": 1}
@@ -73,6 +75,25 @@ def test_loss_tells_survivors_and_the_next_round_keeps_them_in_old_rank_order():
     assert [m.worker_id for m in views["w0"].members] == ["w0", "w2"]
     assert job.phase is state.JobPhase.RUNNING and job.reset_count == 1
     assert job.failure == ""
+
+
+def test_a_member_whose_stream_closes_before_it_re_joined_is_lost_at_once():
+    # A peer's data plane noticed w1's death first: w2 reset, ending generation 1,
+    # before w1's stream closed. w1 is lost then, not a lease later, and the round
+    # forms without it as soon as the others are back.
+    job = elastic_job(3)
+    state.leave(job, "w2", "reset", 1.0, rejoin=True)
+    assert job.phase is state.JobPhase.GATHERING and job.round.expected == {"w0", "w1", "w2"}
+    state.join(job, jreq("w2", 3, **ELASTIC), 1.1)
+    assert state.stream_closed(job, "w1", 1, 1.2) != []
+    assert (job.members[1].state, job.members[1].cause) == (state.MemberState.LOST,
+                                                            "stream closed")
+    assert job.round.expected == {"w0", "w2"}
+    assert kinds(job)[-1] == "lost" and job.events[-1].pid == job.members[1].pid
+    # A survivor's old stream closing after it re-joined is no loss either.
+    assert state.stream_closed(job, "w2", 1, 1.3) == []
+    views = admits(rejoin(job, "w0", 1.4))
+    assert ranks(views) == {"w0": 0, "w2": 1} and job.generation == 2
 
 
 def test_lease_expiry_in_a_running_elastic_generation_opens_a_round():

@@ -206,7 +206,9 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
     coord.add_argument("--coordinator", type=_address, metavar="HOST:PORT",
                        help="use this running coordinator instead of embedding one")
     coord.add_argument("--coordinator-http-port", type=_port, default=0, metavar="PORT",
-                       help="HTTP port of the embedded coordinator (default: ephemeral)")
+                       help="HTTP port of the embedded coordinator (default: ephemeral); "
+                            "with --coordinator, the running one's, for the dashboard URL "
+                            "horarun prints")
     coord.add_argument("--job-id", metavar="ID", help="job id (default: a fresh unique id)")
     coord.add_argument("--token", metavar="TOKEN",
                        help="job token (default: $HORA_TOKEN, else random)")

@@ -11,6 +11,9 @@ signal N), 130/143 when ``horarun`` is interrupted, 2 for usage errors, 1
 when the embedded coordinator cannot start or a remote host does not answer
 over ssh.
 
+At start it prints where the coordinator listens and the URL of the job's
+page on the dashboard the coordinator serves (:func:`_dashboard_line`).
+
 Hosts that are not this machine run their workers over ssh (:mod:`.remote`);
 such a job's coordinator and data planes listen on a routable address
 instead of loopback (:func:`_network`).
@@ -31,6 +34,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from .._net import interface_address, route_source
 from .._shm import remove_leftovers
@@ -316,6 +320,30 @@ def _startup_line(config: LaunchConfig, network: _Network, address: str,
     return f"{line}; the HTTP API wants the job token (Authorization: Bearer TOKEN)"
 
 
+def _dashboard_line(config: LaunchConfig, host: str, http_port: int | None, tls: bool,
+                    embedded: bool) -> str:
+    """Where the job's page of the dashboard is: the coordinator serves it at ``/jobs/ID``.
+
+    ``http_port`` is None for a running ``--coordinator`` whose HTTP port
+    horarun was not told (``--coordinator-http-port``): its gRPC address says
+    nothing about it. Off loopback the page wants the job token; a made-up
+    one is only in this line (as in the coordinator line), a given one the
+    user knows, and the page asks for it.
+    """
+    page = "/jobs/" + quote(config.job_id, safe="")
+    if http_port is None:
+        return (f"dashboard: page {page} on the coordinator's HTTP address (hora-coordinator "
+                f"prints it at start; pass --coordinator-http-port PORT and horarun prints "
+                f"the whole URL)")
+    name = f"[{host}]" if ":" in host else host
+    url = f"{'https' if tls else 'http'}://{name}:{http_port}{page}"
+    if is_loopback_host(host):
+        return f"dashboard {url}"
+    if embedded and config.token_made_up:
+        return f"dashboard {url}?token={config.token}"
+    return f"dashboard {url} (it asks for the job token once)"
+
+
 def horovodrun_main(argv: Sequence[str] | None = None) -> int:
     """Runs ``horovodrun``: ``horarun`` with the ``horovod`` import shim on by default."""
     return main(argv, prog="horovodrun", horovod_compat=True)
@@ -395,7 +423,12 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "horarun",
                 return COORDINATOR_ERROR
             address = coordinator.grpc_address
             _err(_startup_line(config, network, address, coordinator.http_port))
+            _err(_dashboard_line(config, network.host, coordinator.http_port, config.tls,
+                                 embedded=True))
         else:
+            _err(_dashboard_line(config, parse_address(address)[0],
+                                 config.coordinator_http_port or None, bool(tls_ca),
+                                 embedded=False))
             # Workers may start before it is reachable (they retry within their
             # connect timeout), so no check is made here; an outage later is reported.
             watch = CoordinatorWatch(address, _err, tls_ca).start()

@@ -8,7 +8,7 @@ import logging
 from ..errors import PreconditionError
 from ..messages import EventType
 from .effects import Effect, Log, Reject, Send, event_message, send_by_rank
-from .elastic import end_generation
+from .elastic import end_generation, lose_before_rejoining
 from .generations import fail_job, maybe_form
 from .job import Job, JobPhase, Member, MemberState, Round, kept_text, record
 from .process_sets import abandon_set_calls
@@ -130,13 +130,29 @@ def leave_between(
 
 
 def stream_closed(job: Job, worker_id: str, generation: int, now: float) -> list[Effect]:
-    """A member's negotiation stream ended; without a prior Leave the member is lost."""
-    if generation != job.generation or job.phase is not JobPhase.RUNNING:
+    """A member's negotiation stream ended; without a prior Leave the member is lost.
+
+    Also just after its generation ended, while the elastic round waits for the
+    survivors to re-join: a survivor leaves that generation (Leave with rejoin)
+    before it closes its stream, so a member still active whose stream closes
+    has died. It is lost at once, not a lease later; that happens when a peer's
+    data plane noticed a killed worker before the coordinator did, and the
+    survivors' resets ended the generation first.
+    """
+    if generation != job.generation:
         return []
     member = job.by_worker.get(worker_id)
     if member is None or member.state is not MemberState.ACTIVE:
         return []
-    return lose(job, member, "stream closed", now)
+    if job.phase is JobPhase.RUNNING:
+        return lose(job, member, "stream closed", now)
+    rnd = job.round
+    if (job.phase is not JobPhase.GATHERING or rnd is None or not rnd.follows_generation
+            or worker_id not in rnd.expected or worker_id in rnd.joiners):
+        return []
+    effects = lose_before_rejoining(job, rnd, member, "stream closed", now)
+    effects.extend(maybe_form(job, now))
+    return effects
 
 
 class LossDecision(enum.Enum):

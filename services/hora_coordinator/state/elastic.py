@@ -14,6 +14,7 @@ from .job import (
     Job,
     JobConfig,
     JobPhase,
+    Member,
     MemberState,
     Round,
     new_joiner,
@@ -28,6 +29,7 @@ __all__ = [
     "elastic_bounds_of",
     "end_generation",
     "join_elastic",
+    "lose_before_rejoining",
 ]
 
 
@@ -135,6 +137,23 @@ def end_generation(job: Job, now: float, why: str) -> list[Effect]:
     return effects
 
 
+def lose_before_rejoining(job: Job, rnd: Round, member: Member, cause: str, now: float
+                          ) -> list[Effect]:
+    """A member of the ended generation is lost before it re-joined: the round no
+    longer expects it (the caller may then form the next generation)."""
+    member.state = MemberState.LOST
+    member.cause = cause
+    rnd.expected.discard(member.worker_id)
+    record(job, now, "lost", member.cause, member)
+    return [
+        Log(
+            logging.WARNING,
+            f"job '{job.job_id}': {member.describe()} of ended generation "
+            f"{job.generation} was lost before re-joining: {member.cause}",
+        )
+    ]
+
+
 def check_round(
     job: Job, elastic: ElasticBounds, rnd: Round, now: float, lease_s: float
 ) -> list[Effect]:
@@ -151,17 +170,8 @@ def check_round(
         if not expired(member, now, lease_s):
             continue
         silent = now - member.last_heartbeat
-        member.state = MemberState.LOST
-        member.cause = f"lease expired (no heartbeat for {silent:.1f} s)"
-        rnd.expected.discard(worker_id)
-        record(job, now, "lost", member.cause, member)
-        effects.append(
-            Log(
-                logging.WARNING,
-                f"job '{job.job_id}': {member.describe()} of ended generation "
-                f"{job.generation} was lost before re-joining: {member.cause}",
-            )
-        )
+        effects.extend(lose_before_rejoining(
+            job, rnd, member, f"lease expired (no heartbeat for {silent:.1f} s)", now))
     waited = now - rnd.opened_at
     if rnd.wait_for and waited > lease_s:
         rnd.wait_for = 0
