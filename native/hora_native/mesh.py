@@ -81,11 +81,13 @@ class MeshBackend:
         shm_bytes: the most payload bytes per rank when payloads lie in
             shared memory.
         socket_bytes: the most payload bytes per round over sockets, split
-            among the peers; 0 also turns :attr:`pairwise` off.
+            among the peers.
 
     Attributes:
         pairwise: for 2 or 4 ranks that share no memory, the backend that
             allreduces batches too large for the round's payload (None otherwise).
+            The engine uses it only while the agreed payload budget (rank 0's)
+            is above 0, so that every rank picks the same backend.
     """
 
     name = "mesh"
@@ -100,9 +102,10 @@ class MeshBackend:
                                        token=token, context=context)
         #: The payload budget this rank proposes (rank 0's is agreed on).
         self.budget = shm_bytes if self.transport.shared else socket_bytes // (size - 1)
+        # Built from what every rank agrees on (the size, the shared-memory
+        # verdict), never from this rank's own settings.
         self.pairwise = PairwiseAllreduce(self.transport, rank) \
-            if size in PairwiseAllreduce.SIZES and not self.transport.shared and socket_bytes > 0 \
-            else None
+            if size in PairwiseAllreduce.SIZES and not self.transport.shared else None
         self._layouts: dict[tuple[int, ...], Layout] = {}
         self._layouts_key: tuple[int, int] = (-1, -1)
 
@@ -343,9 +346,10 @@ class PairwiseAllreduce:
     def _swap_whole(self, part: torch.Tensor, op: ReduceKind) -> None:
         theirs = self._swap(1 - self._rank, part)
         reduce = _REDUCE_INTO[op]
-        if self._rank == 1 and op in (ReduceKind.MIN, ReduceKind.MAX):
-            reduce(theirs, part)  # rank 0's value first, as on rank 0
-            part.copy_(theirs)
+        if self._rank == 1 and op is ReduceKind.MIN:
+            torch.minimum(theirs, part, out=part)  # rank 0's value first, as on rank 0
+        elif self._rank == 1 and op is ReduceKind.MAX:
+            torch.maximum(theirs, part, out=part)
         else:
             reduce(part, theirs)
 

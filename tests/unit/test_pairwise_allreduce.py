@@ -136,3 +136,32 @@ def test_only_worlds_of_2_or_4_ranks():
     finally:
         for mesh in meshes:
             mesh.close()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_dead_peer_fails_the_allreduce_naming_it(size):
+    meshes = build(size)
+    try:
+        ranks = [PairwiseAllreduce(mesh, rank) for rank, mesh in enumerate(meshes)]
+        meshes[1].close()  # rank 1 is gone: its sockets close
+        _results, errors = run_all([lambda: ranks[0].allreduce(torch.ones(1000),
+                                                                ReduceKind.SUM)])
+        assert isinstance(errors[0], BackendError), errors
+        assert "rank 1 closed its connection" in str(errors[0]), errors[0]
+    finally:
+        for mesh in meshes:
+            mesh.close()
+
+
+def test_a_silent_peer_fails_the_allreduce_at_the_deadline():
+    meshes = build(2, timeout=0.5)
+    try:
+        ranks = [PairwiseAllreduce(mesh, rank) for rank, mesh in enumerate(meshes)]
+        # Rank 1 is alive but never takes part.
+        _results, errors = run_all([lambda: ranks[0].allreduce(torch.ones(1000),
+                                                                ReduceKind.SUM)])
+        assert isinstance(errors[0], BackendError), errors
+        assert "heard nothing from rank(s) [1] for 0.5 s" in str(errors[0]), errors[0]
+    finally:
+        for mesh in meshes:
+            mesh.close()

@@ -411,9 +411,10 @@ class Agreement:
         #    2 or 4 ranks on several machines swap such batches between pairs of
         #    ranks over the mesh's connections (PairwiseAllreduce: a ring's bytes
         #    in fewer steps); every rank picks the same backend for a batch, from
-        #    what all ranks agree on.
+        #    what all ranks agree on (rank 0's payload budget; 0 turns it off).
         group = self._executor.sets.get(0)
-        pairwise = self._mesh.pairwise if self._mesh is not None else None
+        pairwise = self._mesh.pairwise if self._mesh is not None \
+            and agreed.payload_budget > 0 else None
         for batch in self._batches(ready, agreed.fusion_threshold_kib * 1024):
             device = batch[0][2].buffer.device.type
             if pairwise is not None and device == "cpu" and pairwise.takes(batch[0][1].dtype):
