@@ -48,9 +48,9 @@ from ssh_hosts import SshHosts, SshHostsUnavailable, missing_tools  # noqa: E402
 
 SOURCE_PATHS = [ROOT / "client_sdk", ROOT / "services", ROOT / "native", ROOT / "proto"]
 KIB, MIB = 1 << 10, 1 << 20
-SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
+SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB]
 QUICK_SIZES = [4 * KIB, 1 * MIB]
-ITERS = {4 * KIB: 50, 64 * KIB: 30, 1 * MIB: 10, 16 * MIB: 3, 64 * MIB: 1}
+ITERS = {4 * KIB: 50, 64 * KIB: 30, 1 * MIB: 10, 4 * MIB: 5, 16 * MIB: 3, 64 * MIB: 1}
 SMALL_TENSORS, SMALL_BYTES = 100, 4 * KIB
 WARMUP = 3
 REPS = 3 if SETTINGS.quick else 5
