@@ -105,3 +105,34 @@ deploy-deps: $(TEST_STAMP)
 
 test-deploy: $(TEST_STAMP)
 	$(PY) -m pytest -q tests/deploy
+
+# ---- Multi-host: horovodrun -H over real sshd in network namespaces ----------
+# tests/deploy/test_multihost_ssh.py (3 hosts, each a network namespace running
+# sshd) and bench/cross_host.py need root, iproute2 and OpenSSH (client and
+# server). `make hosts-deps` installs OpenSSH with apt when missing (`make test`
+# and .ci/run call it); `make test` runs these tests when the tools are there and
+# prints one loud line when it skips them. See README, "Several machines".
+HOSTS_MISSING = $(strip \
+  $(if $(filter 0,$(shell id -u)),,root) \
+  $(if $(shell command -v ip),,iproute2) \
+  $(if $(wildcard /usr/sbin/sshd),,openssh-server) \
+  $(if $(shell command -v ssh-keygen),,openssh-client))
+
+.PHONY: hosts-deps hosts-check test-hosts bench-hosts
+hosts-deps:
+	-.ci/hosts-deps
+
+# make test installs OpenSSH when it can (root and apt), then says loudly if it skips.
+test: hosts-check
+hosts-check: hosts-deps
+	@$(if $(HOSTS_MISSING),echo "!!! make test SKIPS multi-host horovodrun over real sshd (tests/deploy/test_multihost_ssh.py): missing $(HOSTS_MISSING); run 'make hosts-deps' as root !!!",true)
+
+# The multi-host tests on their own (about 1.5 minutes).
+test-hosts: $(TEST_STAMP) hosts-deps
+	$(PY) -m pytest -q tests/deploy/test_multihost_ssh.py
+
+# allreduce across namespace hosts: hora against direct Gloo (bench/README.md).
+bench-hosts: hosts-deps
+	@test -f $(STAMP) || $(MAKE) install
+	$(PY) bench/cross_host.py
+# ---- end multi-host ----------------------------------------------------------

@@ -143,7 +143,9 @@ ENV_VARS: tuple[_Var, ...] = (
          "negotiated allreduces remembered so they skip the coordinator (0 disables)"),
     _Var("mesh_allreduce_bytes", ("HORA_MESH_ALLREDUCE_BYTES",), int,
          "cached CPU allreduces up to this many bytes (times ranks - 1) travel with the "
-         "round's agreement over direct connections instead of Gloo (0: always Gloo)"),
+         "round's agreement over direct connections instead of Gloo; with 2 or 4 ranks "
+         "that share no memory, larger ones go by swaps between pairs of ranks over those "
+         "connections (0: always Gloo)"),
     _Var("shm_allreduce_bytes", ("HORA_SHM_ALLREDUCE_BYTES",), int,
          "when all ranks share a machine, cached CPU allreduces up to this many bytes per "
          "round go through shared memory instead of sockets (0: never)"),

@@ -18,6 +18,11 @@ Per round:
    tensors every rank carried, :meth:`MeshRound.batch` is a backend whose
    ``allreduce`` combines the contributions in rank order, so every rank
    computes the same bits.
+
+In a world of 2 or 4 ranks that share no memory (several machines), the
+batches too large to ride the round go through :class:`PairwiseAllreduce`
+instead of Gloo: swaps between pairs of ranks over the same connections,
+with a ring's bytes per rank in fewer steps (one at 2 ranks, four at 4).
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from .base import ReduceKind, scale_
+from .base import BackendError, ReduceKind, scale_
 from .mesh_transport import MAX_MESH_SIZE, MeshTransport
 
-__all__ = ["MAX_MESH_SIZE", "MESH_DTYPES", "MeshBackend", "MeshRound", "TensorSpec"]
+__all__ = ["MAX_MESH_SIZE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "MeshBackend", "MeshRound",
+           "PairwiseAllreduce", "TensorSpec"]
 
 # Element types the mesh reduces itself, by wire name.
 MESH_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "uint8", "int8",
@@ -44,6 +50,10 @@ _REDUCE_INTO: dict[ReduceKind, Callable[[torch.Tensor, torch.Tensor], Any]] = {
     ReduceKind.MAX: lambda acc, other: torch.maximum(acc, other, out=acc),
     ReduceKind.PRODUCT: torch.Tensor.mul_,
 }
+
+# The most bytes of a tensor one pass of PairwiseAllreduce handles: a larger
+# tensor goes in chunks, so the receive buffers the transport keeps stay small.
+PAIR_CHUNK_BYTES = 16 << 20
 
 Layout = tuple[dict[int, int], int]
 Message = tuple[list[int], torch.Tensor | None]
@@ -72,6 +82,12 @@ class MeshBackend:
             shared memory.
         socket_bytes: the most payload bytes per round over sockets, split
             among the peers.
+
+    Attributes:
+        pairwise: for 2 or 4 ranks that share no memory, the backend that
+            allreduces batches too large for the round's payload (None otherwise).
+            The engine uses it only while the agreed payload budget (rank 0's)
+            is above 0, so that every rank picks the same backend.
     """
 
     name = "mesh"
@@ -86,6 +102,10 @@ class MeshBackend:
                                        token=token, context=context)
         #: The payload budget this rank proposes (rank 0's is agreed on).
         self.budget = shm_bytes if self.transport.shared else socket_bytes // (size - 1)
+        # Built from what every rank agrees on (the size, the shared-memory
+        # verdict), never from this rank's own settings.
+        self.pairwise = PairwiseAllreduce(self.transport, rank) \
+            if size in PairwiseAllreduce.SIZES and not self.transport.shared else None
         self._layouts: dict[tuple[int, ...], Layout] = {}
         self._layouts_key: tuple[int, int] = (-1, -1)
 
@@ -236,3 +256,130 @@ class CarriedBatch:
                 flat.copy_(theirs)
             else:
                 reduce(flat, theirs)
+
+
+class PairwiseAllreduce:
+    """Allreduce by swaps between pairs of ranks over the mesh's connections.
+
+    For worlds of 2 or 4 ranks that share no memory (several machines), for
+    the batches too large to ride the agreement round. Each swap sends and
+    receives at once between two ranks only (:meth:`MeshTransport.swap`):
+
+    - **2 ranks:** one swap of the whole tensor; both ranks reduce. A ring
+      (Gloo's) moves the same bytes in two dependent steps.
+    - **4 ranks:** recursive halving, then doubling (Rabenseifner): swap half
+      the tensor with the rank at distance 1 and reduce the half kept, then a
+      quarter with the rank at distance 2; then send the reduced quarter back
+      the same way, doubling. Four steps instead of a ring's six, with a
+      ring's bytes per rank. Ranks fill hosts in order, so with 2 ranks per
+      host the distance-1 swaps stay on the machine, where they go through
+      /dev/shm (:meth:`MeshTransport.swap` with a local peer), and only
+      quarters cross between machines: the whole tensor once each way per
+      machine, against 1.5 times that on a ring, and a third of a ring's
+      bytes through the network stack.
+
+    Every rank gets the same bits. With 4 ranks one rank reduces each quarter
+    and the others receive copies. With 2, both reduce: SUM and PRODUCT are
+    commutative in IEEE arithmetic (``a + b`` and ``b + a`` are the same
+    number), and MIN and MAX are taken in rank order. Tensors larger than
+    ``chunk_bytes`` go in chunks, so the transport's receive buffers stay small.
+
+    Measured across network namespaces (bench/README.md, section 8).
+
+    Args:
+        transport: the world's mesh transport.
+        rank: this rank.
+        chunk_bytes: the most bytes of the tensor one pass of the algorithm handles.
+
+    Raises:
+        ValueError: the world is not of 2 or 4 ranks.
+    """
+
+    name = "mesh"
+    reads_input = True
+    SIZES = (2, 4)
+
+    def __init__(self, transport: MeshTransport, rank: int,
+                 chunk_bytes: int = PAIR_CHUNK_BYTES) -> None:
+        if transport.size not in self.SIZES or not 0 <= rank < transport.size:
+            raise ValueError(f"pairwise allreduce needs 2 or 4 ranks, got rank {rank} of "
+                             f"{transport.size}")
+        self._transport = transport
+        self._rank = rank
+        self._size = transport.size
+        self._chunk = chunk_bytes
+        #: Tensors (or fused batches) allreduced so far.
+        self.allreduces = 0
+
+    @staticmethod
+    def takes(dtype: str) -> bool:
+        """Whether tensors of ``dtype`` (wire name, ``"float32"``) can go through it."""
+        return dtype in MESH_DTYPES
+
+    def allreduce(self, tensor: torch.Tensor, op: ReduceKind) -> None:
+        """Reduces ``tensor`` (contiguous, CPU) across the ranks, in place.
+
+        Raises:
+            BackendError: a peer died, sent a different length, or the
+                transport's timeout passed.
+        """
+        flat = tensor.detach().view(-1)
+        step = max(1, self._chunk // flat.element_size())
+        for start in range(0, flat.numel(), step):
+            part = flat[start:start + step]
+            if self._size == 2:
+                self._swap_whole(part, op)
+            else:
+                self._halving_doubling(part, op)
+        self.allreduces += 1
+
+    def _swap(self, peer: int, mine: torch.Tensor) -> torch.Tensor:
+        """``mine`` to ``peer``, the peer's as many elements back (a reused buffer)."""
+        raw = mine.view(torch.uint8)
+        theirs = self._transport.swap(peer, raw)
+        if theirs.numel() != raw.numel():
+            raise BackendError(
+                f"pairwise allreduce: rank {peer} sent {theirs.numel()} bytes where rank "
+                f"{self._rank} sent {raw.numel()}; the ranks' tensors differ")
+        return theirs.view(mine.dtype)
+
+    def _swap_whole(self, part: torch.Tensor, op: ReduceKind) -> None:
+        theirs = self._swap(1 - self._rank, part)
+        reduce = _REDUCE_INTO[op]
+        if self._rank == 1 and op is ReduceKind.MIN:
+            torch.minimum(theirs, part, out=part)  # rank 0's value first, as on rank 0
+        elif self._rank == 1 and op is ReduceKind.MAX:
+            torch.maximum(theirs, part, out=part)
+        else:
+            reduce(part, theirs)
+
+    def _halving_doubling(self, part: torch.Tensor, op: ReduceKind) -> None:
+        reduce = _REDUCE_INTO[op]
+        lo, hi = 0, part.numel()
+        kept: list[tuple[int, int, int]] = []  # (peer, lo, hi) before each halving
+        distance = 1
+        while distance < self._size:
+            peer = self._rank ^ distance
+            mid = (lo + hi) // 2
+            keep, give = ((lo, mid), (mid, hi)) if self._rank & distance == 0 else \
+                ((mid, hi), (lo, mid))
+            theirs = self._swap_unequal(peer, part[give[0]:give[1]], keep[1] - keep[0])
+            kept.append((peer, lo, hi))
+            reduce(part[keep[0]:keep[1]], theirs)
+            lo, hi = keep
+            distance *= 2
+        for peer, parent_lo, parent_hi in reversed(kept):
+            sibling = (hi, parent_hi) if lo == parent_lo else (parent_lo, lo)
+            theirs = self._swap_unequal(peer, part[lo:hi], sibling[1] - sibling[0])
+            part[sibling[0]:sibling[1]].copy_(theirs)
+            lo, hi = parent_lo, parent_hi
+
+    def _swap_unequal(self, peer: int, mine: torch.Tensor, expect: int) -> torch.Tensor:
+        """Sends ``mine`` and receives ``expect`` elements (the halves may differ by one)."""
+        theirs = self._transport.swap(peer, mine.view(torch.uint8))
+        if theirs.numel() != expect * mine.element_size():
+            raise BackendError(
+                f"pairwise allreduce: rank {peer} sent {theirs.numel()} bytes where rank "
+                f"{self._rank} expected {expect * mine.element_size()}; the ranks' tensors "
+                f"differ")
+        return theirs.view(mine.dtype)

@@ -24,6 +24,12 @@ segment has two halves used in alternate exchanges: a peer may still be
 reading exchange k's half while its owner writes exchange k+1's, but no
 rank can reach exchange k+2 before every peer has finished exchange k.
 
+:meth:`MeshTransport.swap` sends and receives between two ranks only (the
+pairwise allreduce of :mod:`.mesh` is built on it). When the job spans
+machines, the probe that decides on shared memory also finds which peers
+share this rank's ``/dev/shm`` (:attr:`MeshTransport.local_peers`); swaps
+with those go through a segment this rank keeps for each such peer.
+
 The mesh bootstraps through the same store as the data plane: each rank
 listens on an ephemeral port and publishes ``host:port``; lower ranks accept,
 higher ranks connect. Every connection proves the job token both ways
@@ -40,7 +46,7 @@ import socket
 import struct
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import torch
@@ -115,6 +121,19 @@ class MeshTransport:
         #: a stalled exchange waits for.
         self.waiting_for: tuple[int, ...] = ()
         self._shm_refused = 1 << 62  # the smallest payload /dev/shm had no room for
+        #: Peers whose /dev/shm this rank shares (both ways): on this machine.
+        self.local_peers: frozenset[int] = frozenset()
+        # Swaps with a local peer: per peer, our
+        # segment for it (double-buffered, grown by new versions), the number
+        # of swaps so far, the files to unlink after a given swap, and the
+        # peer's segment we mapped.
+        self._swap_segments: dict[int, tuple[int, Segment]] = {}
+        self._swaps: dict[int, int] = {}
+        self._swap_unlink: dict[int, list[tuple[int, str]]] = {}
+        self._peer_swap_segments: dict[int, tuple[int, Segment]] = {}
+        self._swap_shm_refused = 1 << 62
+        #: Swaps whose payload went through shared memory (for tests and benchmarks).
+        self.shared_swaps = 0
         # abort() wakes an exchange blocked in select through this pair.
         self._aborted: str | None = None
         self._wake_r, self._wake_w = socket.socketpair()
@@ -165,9 +184,12 @@ class MeshTransport:
     def _probe_shared_memory(self, store: dist.Store, wanted: bool) -> bool:
         """Whether every rank can open every other rank's files in /dev/shm.
 
-        Each rank writes a random token into a probe file; every rank reads
-        every peer's; one MIN-exchange makes the answer the same everywhere.
-        A rank that does not want shared memory takes part and says no.
+        Each rank writes a random token into a probe file and reads every
+        peer's; one exchange gives every rank every rank's answers, so the
+        verdict is the same everywhere. A rank that does not want shared
+        memory takes part and says no. Also sets :attr:`local_peers`: the
+        peers each of which can read this rank's files and whose files this
+        rank can read (ranks on this machine, when the job spans several).
         """
         token = uuid.uuid4().hex
         self._prefix = f"{self._shm_prefix}{token}"
@@ -180,6 +202,7 @@ class MeshTransport:
         except OSError:
             ok = 0
         store.set(f"shm/{self.rank}", f"{ok} {self._prefix} {token}")
+        seen = 0  # bit p: peer p's probe file is readable here
         try:
             for peer in self._peers:
                 peer_ok, prefix, peer_token = store.get(f"shm/{peer}").decode().split(" ")
@@ -187,18 +210,24 @@ class MeshTransport:
                 if ok and peer_ok == "1":
                     try:
                         with open(f"{prefix}.probe", encoding="ascii") as f:
-                            ok = int(f.read() == peer_token)
+                            if f.read() == peer_token:
+                                seen |= 1 << peer
                     except OSError:
-                        ok = 0
-                else:
-                    ok = 0
-            agreed = self.min([ok])[0]
+                        pass
+            answers = self.exchange([ok, seen])
         finally:
             try:
                 os.unlink(probe)
             except OSError:
                 pass
-        return bool(agreed)
+        oks = [values[0] for values, _payload in answers]
+        masks = [values[1] for values, _payload in answers]
+        self.local_peers = frozenset(
+            peer for peer in self._peers
+            if masks[self.rank] >> peer & 1 and masks[peer] >> self.rank & 1)
+        # From every rank's answers, so that every rank comes to the same verdict.
+        return all(ok == 1 for ok in oks) and all(
+            masks[a] >> b & 1 for a in range(self.size) for b in range(self.size) if a != b)
 
     def payload_buffer(self, nbytes: int) -> torch.Tensor:
         """Where to write the next exchange's payload (``nbytes``, uint8).
@@ -299,6 +328,105 @@ class MeshTransport:
         result[self.rank] = (list(values), payload if nbytes else None)
         sending = {peer: _Outgoing(conn, head, body) for peer, conn in self._peers.items()}
         receiving = {peer: _Incoming(self, peer, n) for peer in self._peers}
+        for peer, message in self._transfer(sending, receiving).items():
+            result[peer] = message
+        self._exchanges += 1
+        while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
+            unlink(self._unlink_after.pop(0)[1])
+        return result
+
+    def swap(self, peer: int, payload: torch.Tensor) -> torch.Tensor:
+        """Sends ``payload`` (uint8, contiguous) to ``peer`` while receiving what it sends.
+
+        Only ``peer`` takes part: the two ranks must call it in the same order
+        relative to their other exchanges with each other. With a peer on
+        this machine (:attr:`local_peers`) the bytes go through a segment in
+        /dev/shm that this rank keeps for that peer (apart from the one
+        :meth:`exchange` uses), and only where they lie travels over the socket.
+
+        Returns:
+            The peer's payload, a view of a buffer the mesh reuses (or of the
+            peer's segment): valid until the next exchange or swap with that
+            peer.
+
+        Raises:
+            BackendError: the peer died, or the timeout passed.
+        """
+        if self._aborted is not None:
+            raise BackendError(f"control mesh: rank {self.rank}'s exchanges were aborted: "
+                               f"{self._aborted}")
+        nbytes = payload.numel()
+        head = _MESSAGE.pack(0, nbytes, 0, _INLINE)
+        body = memoryview(payload.numpy()) if nbytes else None  # type: ignore[arg-type]
+        if nbytes and peer in self.local_peers and nbytes < self._swap_shm_refused:
+            located = self._swap_buffer(peer, nbytes)
+            if located is not None:
+                buffer, offset, version = located
+                buffer.copy_(payload)
+                head, body = _MESSAGE.pack(0, nbytes, offset, version), None
+                self.shared_swaps += 1
+        count = self._swaps.get(peer, 0)
+        incoming = _Incoming(self, peer, 0, self._peer_swap_payload)
+        got = self._transfer({peer: _Outgoing(self._peers[peer], head, body)},
+                             {peer: incoming})[peer][1]
+        self._swaps[peer] = count + 1
+        # The peer has opened a segment of ours named in an earlier swap once it
+        # has answered a later one.
+        pending = self._swap_unlink.get(peer, [])
+        while pending and pending[0][0] < count:
+            unlink(pending.pop(0)[1])
+        return got if got is not None else payload[:0]
+
+    def _swap_buffer(self, peer: int, nbytes: int) -> tuple[torch.Tensor, int, int] | None:
+        """Where this rank writes the next swap's payload for local ``peer``: a
+        half of its segment for that peer (halves alternate, so that the peer
+        may still read the last swap's while this one is written), its offset
+        and the segment's version; None when /dev/shm has no room."""
+        found = self._swap_segments.get(peer)
+        count = self._swaps.get(peer, 0)
+        if found is None or found[1].half < nbytes:
+            version = found[0] + 1 if found is not None else 0
+            half = max(nbytes, 2 * found[1].half if found is not None else 1 << 20)
+            path = f"{self._prefix}-{self.rank}-swap{peer}-{version}"
+            try:
+                segment = Segment(path, 2 * half, create=True)
+            except OSError as exc:
+                try:
+                    segment = Segment(path, 2 * nbytes, create=True)
+                except OSError:
+                    self._swap_shm_refused = nbytes
+                    log.warning("rank %d: no room in %s for a %d byte swap (%s); such swaps "
+                                "go over the mesh's sockets instead", self.rank,
+                                os.path.dirname(self._shm_prefix), nbytes, exc)
+                    return None
+            if found is not None:
+                found[1].close()  # the peer keeps its own mapping of it
+            found = self._swap_segments[peer] = (version, segment)
+            self._swap_unlink.setdefault(peer, []).append((count, path))
+        version, segment = found
+        offset = (count % 2) * segment.half
+        return segment.tensor[offset:offset + nbytes], offset, version
+
+    def _peer_swap_payload(self, peer: int, version: int, offset: int, nbytes: int
+                           ) -> torch.Tensor:
+        found = self._peer_swap_segments.get(peer)
+        if found is None or found[0] != version:
+            path = f"{self._peer_prefix[peer]}-{peer}-swap{self.rank}-{version}"
+            try:
+                segment = Segment(path, 0, create=False)
+            except OSError as exc:
+                raise BackendError(f"control mesh: rank {self.rank} could not open rank "
+                                   f"{peer}'s swap segment {path}: {exc}") from exc
+            if found is not None:
+                found[1].close()
+            self._peer_swap_segments[peer] = found = (version, segment)
+        return found[1].tensor[offset:offset + nbytes]
+
+    def _transfer(self, sending: dict[int, _Outgoing], receiving: dict[int, _Incoming]
+                  ) -> dict[int, tuple[list[int], torch.Tensor | None]]:
+        """Pushes every outgoing message and pulls every incoming one, concurrently, on
+        non-blocking sockets; returns the incoming messages by peer."""
+        result: dict[int, tuple[list[int], torch.Tensor | None]] = {}
         deadline = time.monotonic() + self._timeout
         self.waiting_for = tuple(receiving)
         try:
@@ -332,9 +460,6 @@ class MeshTransport:
                 from exc
         finally:
             self.waiting_for = ()
-        self._exchanges += 1
-        while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
-            unlink(self._unlink_after.pop(0)[1])
         return result
 
     def _buffer(self, peer: int, nbytes: int) -> torch.Tensor:
@@ -367,6 +492,15 @@ class MeshTransport:
         for _exchange, path in self._unlink_after:
             unlink(path)
         self._unlink_after.clear()
+        for pending in self._swap_unlink.values():
+            for _swap, path in pending:
+                unlink(path)
+        self._swap_unlink.clear()
+        for _version, segment in [*self._swap_segments.values(),
+                                  *self._peer_swap_segments.values()]:
+            segment.close()
+        self._swap_segments.clear()
+        self._peer_swap_segments.clear()
         if self._segment is not None:
             self._segment.close()
             self._segment = None
@@ -406,11 +540,14 @@ class _Outgoing:
 class _Incoming:
     """One message being received from one peer: header, values, then payload."""
 
-    __slots__ = ("mesh", "peer", "n", "buf", "view", "got", "stage", "values", "payload",
-                 "shared")
+    __slots__ = ("mesh", "peer", "n", "locate", "buf", "view", "got", "stage", "values",
+                 "payload", "shared")
 
-    def __init__(self, mesh: MeshTransport, peer: int, n: int) -> None:
+    def __init__(self, mesh: MeshTransport, peer: int, n: int,
+                 locate: Callable[[int, int, int, int], torch.Tensor] | None = None) -> None:
         self.mesh, self.peer, self.n = mesh, peer, n
+        # Finds a payload the peer left in shared memory: (peer, version, offset, nbytes).
+        self.locate = locate if locate is not None else mesh._peer_payload
         self.buf = bytearray(_MESSAGE.size)
         self.view = memoryview(self.buf)
         self.got = 0
@@ -444,7 +581,7 @@ class _Incoming:
                     f"control mesh: rank {self.peer} sent {n} values, rank {self.mesh.rank} "
                     f"{self.n}; the ranks' caches diverged")
             if nbytes and version != _INLINE:
-                self.shared = self.mesh._peer_payload(self.peer, version, offset, nbytes)
+                self.shared = self.locate(self.peer, version, offset, nbytes)
             elif nbytes:
                 self.payload = self.mesh._buffer(self.peer, nbytes)
             self.buf = bytearray(8 * n)

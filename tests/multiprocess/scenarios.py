@@ -698,7 +698,8 @@ def fusion_mix(rounds: int = 3):
 
 def mesh_steps(dtype_names, op_names, steps):
     """Cached allreduces enqueued in a different order on odd ranks, so that rounds
-    see different ready sets; returns each step's results and the mesh's batch count."""
+    see different ready sets; returns each step's results, the mesh's batch count and
+    the pairwise allreduce's count."""
     from hora import _runtime
 
     rank = hvd.rank()
@@ -717,7 +718,8 @@ def mesh_steps(dtype_names, op_names, steps):
             if rank == 1 and i % 5 == 0:
                 time.sleep(0.002)
         steps_out.append({key: hvd.synchronize(h) for key, h in handles.items()})
-    return steps_out, _runtime.current().engine.mesh_batches
+    engine = _runtime.current().engine
+    return steps_out, engine.mesh_batches, engine.pairwise_allreduces
 
 
 def mesh_gaps(steps):

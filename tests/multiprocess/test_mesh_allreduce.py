@@ -33,26 +33,35 @@ def expected(key, size: int, step: int) -> torch.Tensor:
 
 
 # Payloads through shared memory (the default on one machine), over the mesh's
-# sockets, or not at all (Gloo).
+# sockets, or not at all (Gloo). "pairwise": payloads too small for any tensor,
+# so 2 or 4 ranks without shared memory (as on several machines) allreduce every
+# batch by swaps between pairs of ranks (PairwiseAllreduce) instead of Gloo;
+# 3 ranks use Gloo.
 TRANSPORTS = {
     "shared-memory": {},
     "sockets": {"HORA_SHM_ALLREDUCE_BYTES": "0"},
     "gloo": {"HORA_SHM_ALLREDUCE_BYTES": "0", "HORA_MESH_ALLREDUCE_BYTES": "0"},
+    "pairwise": {"HORA_SHM_ALLREDUCE_BYTES": "0", "HORA_MESH_ALLREDUCE_BYTES": "8"},
 }
 
 
 @pytest.mark.parametrize(("size", "transport"), [
-    (3, "shared-memory"), (2, "shared-memory"), (3, "sockets"), (2, "sockets"), (3, "gloo")])
+    (3, "shared-memory"), (2, "shared-memory"), (3, "sockets"), (2, "sockets"), (3, "gloo"),
+    (2, "pairwise"), (4, "pairwise"), (3, "pairwise")])
 def test_every_dtype_and_op_matches_the_reference_on_every_rank(shared_coordinator, size,
                                                                 transport):
     results = [r.value for r in run_workers(shared_coordinator, size, SCENARIOS, "mesh_steps",
                                             (list(DTYPES), OPS, STEPS),
                                             env=TRANSPORTS[transport])]
-    for rank, (steps, mesh_batches) in enumerate(results):
-        if transport == "gloo":
-            assert mesh_batches == 0, "the mesh reduced data although it was disabled"
+    for rank, (steps, mesh_batches, pairwise) in enumerate(results):
+        if transport in ("gloo", "pairwise"):
+            assert mesh_batches == 0, "the mesh's rounds carried data although too small"
         else:
             assert mesh_batches > 0, f"rank {rank}: no round carried its data"
+        if transport == "pairwise" and size in (2, 4):
+            assert pairwise > 0, f"rank {rank}: no batch went through the pairwise allreduce"
+        elif transport in ("gloo", "shared-memory") or size == 3:
+            assert pairwise == 0, f"rank {rank}: the pairwise allreduce ran unexpectedly"
         for step, outputs in enumerate(steps):
             for key, actual in outputs.items():
                 try:

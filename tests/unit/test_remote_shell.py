@@ -51,6 +51,14 @@ def test_ssh_options_come_before_the_host_and_the_command():
     assert options[options.index("-p") + 1] == "2222"
     assert options[options.index("-i") + 1] == "/keys/id"
     assert "BatchMode=yes" in options and "ConnectTimeout=7" in options
+    # A cut link (nothing closed) ends ssh within interval x count seconds.
+    assert "ServerAliveInterval=5" in options and "ServerAliveCountMax=3" in options
+
+
+def test_options_in_hora_ssh_command_come_first_so_that_they_win():
+    shell = RemoteShell.from_env({"HORA_SSH_COMMAND": "ssh -o ServerAliveInterval=1"})
+    argv = shell.ssh_argv("h1", "true")
+    assert argv.index("ServerAliveInterval=1") < argv.index("ServerAliveInterval=5")
 
 
 def test_the_ssh_program_comes_from_hora_ssh_command():

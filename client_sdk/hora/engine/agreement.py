@@ -411,9 +411,19 @@ class Agreement:
                 self._allreduce(backend, batch)
                 self.mesh_batches += 1
             ready = [item for item in ready if not mesh_round.carries(item[0])]
+        #    2 or 4 ranks on several machines swap such batches between pairs of
+        #    ranks over the mesh's connections (PairwiseAllreduce: a ring's bytes
+        #    in fewer steps); every rank picks the same backend for a batch, from
+        #    what all ranks agree on (rank 0's payload budget; 0 turns it off).
         group = self._executor.sets.get(0)
+        pairwise = self._mesh.pairwise if self._mesh is not None \
+            and agreed.payload_budget > 0 else None
         for batch in self._batches(ready, agreed.fusion_threshold_kib * 1024):
-            backend = self._executor.sets.backend(batch[0][2].buffer.device.type, group)
+            device = batch[0][2].buffer.device.type
+            if pairwise is not None and device == "cpu" and pairwise.takes(batch[0][1].dtype):
+                self._allreduce(pairwise, batch)
+                continue
+            backend = self._executor.sets.backend(device, group)
             self._allreduce(backend, batch)
         # 3. A rank has joined: stop using the cache until the join completes.
         if not agreed.cache_usable and self._cache_on:

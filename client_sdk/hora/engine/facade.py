@@ -139,6 +139,13 @@ class Engine:
     def mesh_batches(self) -> int:
         return self.agreement.mesh_batches
 
+    @property
+    def pairwise_allreduces(self) -> int:
+        """Batches allreduced by swaps between pairs of ranks instead of Gloo
+        (2 or 4 ranks on several machines)."""
+        pairwise = self._mesh.pairwise if self._mesh is not None else None
+        return pairwise.allreduces if pairwise is not None else 0
+
     def enqueue(self, entry: Entry) -> Handle:
         """Submits ``entry`` for negotiation and returns its handle.
 

@@ -14,6 +14,13 @@ the launcher's working directory and runs a small POSIX ``sh`` guard:
   never writes to it again. When it closes (horarun stopped the ssh
   process, exited or was killed, or the connection dropped), the guard sends
   the worker's session SIGTERM, then SIGKILL after a grace period.
+- **A dead link ends the connection.** ssh sends a keep-alive every
+  ``alive_interval`` seconds (``ServerAliveInterval``) and gives up after
+  ``alive_count`` unanswered ones, so a host whose network is cut (no
+  socket is closed, nothing else would ever tell) counts as gone for
+  ``horarun`` within about 15 s instead of never. The remote sshd lets the
+  connection go by its own ``ClientAliveInterval``, if configured, or when
+  TCP gives up; then the guard stops the worker.
 - **Exit code.** The worker's exit code comes back as ssh's (a death by
   signal N as 128+N). What the worker leaves running when it exits gets
   SIGTERM, so that nothing holds the connection open.
@@ -22,7 +29,9 @@ What every machine needs, as with horovodrun: the same working directory
 and command paths (a shared file system or identical installs), ``sh`` and
 ``base64``, and password-less ssh from the launching machine.
 ``HORA_SSH_COMMAND`` replaces ``ssh`` (for example
-``"ssh -F ~/.ssh/cluster_config"``).
+``"ssh -F ~/.ssh/cluster_config"``); options given there come before
+hora's, and ssh keeps the first value it is given for an option, so
+``"ssh -o ServerAliveInterval=1"`` overrides the keep-alive default.
 """
 
 from __future__ import annotations
@@ -82,6 +91,9 @@ class RemoteShell:
         port: ssh port (``-p``), or None for ssh's default.
         identity_file: private key (``-i``), or None.
         connect_timeout: seconds ssh may take to connect.
+        alive_interval: seconds between ssh's keep-alives (``ServerAliveInterval``).
+        alive_count: unanswered keep-alives after which ssh gives up
+            (``ServerAliveCountMax``).
         grace_period: seconds between SIGTERM and SIGKILL for a remote worker
             whose connection closed.
         command: the ssh program and fixed arguments (``HORA_SSH_COMMAND``).
@@ -90,6 +102,8 @@ class RemoteShell:
     port: int | None = None
     identity_file: str | None = None
     connect_timeout: float = 10.0
+    alive_interval: float = 5.0
+    alive_count: int = 3
     grace_period: float = 5.0
     command: tuple[str, ...] = ("ssh",)
 
@@ -106,7 +120,9 @@ class RemoteShell:
         argv = [*self.command,
                 "-o", "BatchMode=yes",
                 "-o", "StrictHostKeyChecking=no",
-                "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}"]
+                "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
+                "-o", f"ServerAliveInterval={max(1, round(self.alive_interval))}",
+                "-o", f"ServerAliveCountMax={max(1, self.alive_count)}"]
         if self.port is not None:
             argv += ["-p", str(self.port)]
         if self.identity_file is not None:
