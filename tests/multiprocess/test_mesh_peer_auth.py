@@ -34,11 +34,11 @@ HANDSHAKE_S = 2.0
 ROUNDS = 3
 
 
-def start_rank(port: int, rank: int) -> subprocess.Popen:
+def start_rank(port: int, rank: int, gated: bool = False) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return subprocess.Popen(
         [sys.executable, str(PEER), str(port), str(rank), "2", TOKEN, str(HANDSHAKE_S),
-         str(ROUNDS)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         str(ROUNDS), *(["gate"] if gated else [])], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def closed_by_peer(conn: socket.socket, within: float) -> bool:
@@ -89,9 +89,13 @@ def test_strangers_are_refused_and_logged_and_the_mesh_works_on():
         assert time.monotonic() - started >= HANDSHAKE_S - 0.5
 
         # A stranger still silent when the real rank 1 comes must not delay it.
+        # Rank 1 starts first and connects when told, so that the stranger is
+        # still within its 2 s when rank 1 arrives however long Python takes to start.
+        rank1 = start_rank(store.port, 1, gated=True)
+        store.wait(["ready/1"])
         lurker = socket.create_connection(address, timeout=5)
         ports["lurker"] = lurker.getsockname()[1]
-        rank1 = start_rank(store.port, 1)
+        store.set("go/1", "1")
         outs = []
         for proc in (rank0, rank1):
             stdout, stderr = proc.communicate(timeout=60)
