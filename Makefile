@@ -34,7 +34,7 @@ demo: $(STAMP)
 	$(VENV)/bin/horarun -np 2 $(PY) examples/pytorch_digits.py --epochs 8
 
 test: $(TEST_STAMP) chromium
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # The dashboard's browser tests (tests/dashboard) drive Debian's chromium through
 # Playwright, which never downloads a browser: install the apt package when missing.
