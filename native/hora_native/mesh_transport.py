@@ -272,17 +272,24 @@ class MeshTransport:
 
     def _peer_payload(self, peer: int, version: int, offset: int, nbytes: int
                       ) -> torch.Tensor:
-        found = self._peer_segments.get(peer)
+        path = f"{self._peer_prefix[peer]}-{peer}-{version}"
+        return self._peer_view(self._peer_segments, peer, version, path, "shared segment",
+                               offset, nbytes)
+
+    def _peer_view(self, opened: dict[int, tuple[int, Segment]], peer: int, version: int,
+                   path: str, what: str, offset: int, nbytes: int) -> torch.Tensor:
+        """``nbytes`` at ``offset`` of ``peer``'s segment ``path`` (version ``version``),
+        opened once per version and kept in ``opened``."""
+        found = opened.get(peer)
         if found is None or found[0] != version:
-            path = f"{self._peer_prefix[peer]}-{peer}-{version}"
             try:
                 segment = Segment(path, 0, create=False)
             except OSError as exc:
                 raise BackendError(f"control mesh: rank {self.rank} could not open rank "
-                                   f"{peer}'s shared segment {path}: {exc}") from exc
+                                   f"{peer}'s {what} {path}: {exc}") from exc
             if found is not None:
                 found[1].close()
-            self._peer_segments[peer] = found = (version, segment)
+            opened[peer] = found = (version, segment)
         return found[1].tensor[offset:offset + nbytes]
 
     def min(self, values: Sequence[int]) -> list[int]:
@@ -409,18 +416,9 @@ class MeshTransport:
 
     def _peer_swap_payload(self, peer: int, version: int, offset: int, nbytes: int
                            ) -> torch.Tensor:
-        found = self._peer_swap_segments.get(peer)
-        if found is None or found[0] != version:
-            path = f"{self._peer_prefix[peer]}-{peer}-swap{self.rank}-{version}"
-            try:
-                segment = Segment(path, 0, create=False)
-            except OSError as exc:
-                raise BackendError(f"control mesh: rank {self.rank} could not open rank "
-                                   f"{peer}'s swap segment {path}: {exc}") from exc
-            if found is not None:
-                found[1].close()
-            self._peer_swap_segments[peer] = found = (version, segment)
-        return found[1].tensor[offset:offset + nbytes]
+        path = f"{self._peer_prefix[peer]}-{peer}-swap{self.rank}-{version}"
+        return self._peer_view(self._peer_swap_segments, peer, version, path, "swap segment",
+                               offset, nbytes)
 
     def _transfer(self, sending: dict[int, _Outgoing], receiving: dict[int, _Incoming]
                   ) -> dict[int, tuple[list[int], torch.Tensor | None]]:

@@ -98,14 +98,9 @@ class Executor:
     # -- running safely ---------------------------------------------------------
 
     def run_safely(self, names: Sequence[str], work: Callable[[], None]) -> None:
-        """Runs ``work``; a failure fails the generation instead of escaping a thread.
-
-        Outside ``torch.inference_mode()`` whoever calls: what the engine makes
-        (fusion buffers, outputs) are normal tensors.
-        """
+        """Runs ``work``; a failure fails the generation instead of escaping a thread."""
         try:
-            with torch.inference_mode(False):
-                work()
+            work()
         except BackendError as exc:
             self._pending.fail(HorovodInternalError(
                 f"data plane failed on rank {self.rank} running {list(names)[:3]}: {exc}"))
@@ -116,9 +111,12 @@ class Executor:
             self._pending.fail(HorovodInternalError(f"internal error on rank {self.rank}: {exc}"))
 
     def run_list(self, responses: Sequence[negotiation_pb2.Response]) -> None:
-        """Runs a non-global set's response list, in order."""
-        for response in responses:
-            self.run_safely(response.tensor_names, functools.partial(self._run, response))
+        """Runs a non-global set's response list, in order (outside
+        ``torch.inference_mode()``, as the agreement's rounds run: what the engine
+        makes, fusion buffers and outputs, are normal tensors)."""
+        with torch.inference_mode(False):
+            for response in responses:
+                self.run_safely(response.tensor_names, functools.partial(self._run, response))
 
     def _run(self, response: negotiation_pb2.Response) -> None:
         self.execute(response)
