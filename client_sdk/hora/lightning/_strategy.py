@@ -77,17 +77,6 @@ def _plain(optimizer: Optimizer) -> Optimizer:
     return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
 
 
-def _collective_input(tensor: Tensor) -> Tensor:
-    """``tensor``, or a normal copy when it was made under ``torch.inference_mode``.
-
-    Call under ``torch.inference_mode(False)``: Lightning validates and tests
-    in inference mode, and hora's engine thread (outside that mode) may not
-    write into inference tensors, neither the input nor an output allocated
-    in that mode.
-    """
-    return tensor.clone() if tensor.is_inference() else tensor
-
-
 def _has_gradients(optimizer: Optimizer) -> bool:
     return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
 
@@ -300,16 +289,17 @@ class HorovodStrategy(ParallelStrategy):
         """Reduces ``tensor`` over all ranks (``"mean"`` by default); non-tensors pass through."""
         if not isinstance(tensor, Tensor):
             return tensor
+        # Lightning validates and tests under torch.inference_mode(); hora.torch's
+        # collectives take inference tensors as they are.
         op, process_set = _reduce_op(reduce_op), _process_set(group)
-        with torch.inference_mode(False):
-            return hvd.allreduce(_collective_input(tensor), op=op, process_set=process_set)
+        return hvd.allreduce(tensor, op=op, process_set=process_set)
 
     def all_gather(self, tensor: Tensor, group: Any = None, sync_grads: bool = False) -> Tensor:
         """Every rank's ``tensor`` stacked on a new first dimension, as Lightning's DDP returns it."""
         process_set = _process_set(group)
         grads = contextlib.nullcontext() if sync_grads else torch.no_grad()
-        with torch.inference_mode(False), grads:
-            return hvd.allgather(_collective_input(tensor).unsqueeze(0), process_set=process_set)
+        with grads:
+            return hvd.allgather(tensor.unsqueeze(0), process_set=process_set)
 
     def barrier(self, name: str | None = None) -> None:
         hvd.barrier()
