@@ -26,12 +26,16 @@ def as_rows_of_bytes(tensor: torch.Tensor) -> torch.Tensor:
     Collectives that only move data (broadcast, allgather, alltoall) run on
     this view, so they never depend on the library knowing the dtype (Gloo
     has no int16, neither library has complex); the bytes land in the
-    caller's tensor.
+    caller's tensor. An empty tensor may have any strides (numpy hands over
+    zero strides for a TF tensor with no elements), which no byte view takes:
+    it gets a new empty tensor of the same rows, as no bytes land anyway.
     """
     rows = tensor.shape[0] if tensor.dim() else 1
     row_bytes = tensor.element_size()
     for extent in tensor.shape[1:]:
         row_bytes *= extent
+    if tensor.numel() == 0:
+        return torch.empty((rows, row_bytes), dtype=torch.uint8, device=tensor.device)
     return tensor.reshape(-1).view(torch.uint8).view(rows, row_bytes)
 
 
@@ -81,6 +85,8 @@ class ProcessGroupBackend:
         return tensor.to(torch.int32 if tensor.element_size() < 4 else torch.int64)
 
     def allreduce(self, tensor: torch.Tensor, op: ReduceKind) -> None:
+        if tensor.numel() == 0:
+            return  # the same shape on every rank (negotiated): nothing to reduce anywhere
         if tensor.dtype == torch.bool:
             # Logical reductions on the bytes: a sum is an or, a product an and.
             op = {ReduceKind.SUM: ReduceKind.MAX, ReduceKind.PRODUCT: ReduceKind.MIN}.get(op, op)

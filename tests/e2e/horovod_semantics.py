@@ -8,7 +8,12 @@ the tests assert on; the script fails loudly on any wrong value.
 Sections:
 - :func:`dtype_matrix`: every dtype x every collective x dims 1-3 x the
   global set and a process set, against references every rank computes
-  from every rank's (deterministic) input.
+  from every rank's (deterministic) input. The unsigned types torch has
+  beyond uint8 (what TensorFlow hands over) go through every collective
+  that only moves data.
+- :func:`empty_tensors`: every dtype x every collective on tensors with no
+  elements: zero rows, zero trailing extents, a rank sending or contributing
+  nothing, and the zero strides numpy gives an empty TF tensor.
 - :func:`gradients`: every differentiable collective, checked against
   Horovod's definitions of their gradients.
 - :func:`invalid_calls`: every invalid call Horovod's docs and errors
@@ -19,6 +24,7 @@ Sections:
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -30,6 +36,10 @@ except ImportError:
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.bool]
+# Unsigned types torch has beyond uint8 (TensorFlow hands them over); no
+# reduction takes them (nor does Horovod's), every data-moving collective does.
+UNSIGNED = [getattr(torch, name) for name in ("uint16", "uint32", "uint64")
+            if hasattr(torch, name)]
 REDUCE_OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
               "Product": hvd.Product}
 TRAILING = {1: (), 2: (3,), 3: (3, 2)}
@@ -114,12 +124,12 @@ def dtype_matrix() -> dict:
         if rank not in ranks:
             continue
         n, me = len(ranks), ranks.index(rank)
-        for dtype, dim in ((d, k) for d in DTYPES for k in (1, 2, 3)):
+        for dtype, dim in ((d, k) for d in DTYPES + UNSIGNED for k in (1, 2, 3)):
             tag = f"{set_name}/{dtype}/{dim}d"
             xs = [make_input(r, dtype, 5, dim) for r in ranks]
             x = xs[me]
             for oname, op in REDUCE_OPS.items():
-                if dtype == torch.bool and oname == "Average":
+                if dtype in UNSIGNED or dtype == torch.bool and oname == "Average":
                     continue
                 want = reference(xs, oname)
                 c.check(f"{tag} allreduce {oname}", hvd.allreduce(x, op=op, process_set=pset),
@@ -438,6 +448,12 @@ def main() -> int:
     matrix = dtype_matrix()
     if matrix["failed"]:
         problems.append(f"dtype matrix: {matrix['failures']}")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from horovod_empty import empty_tensors  # a section of its own (this file's length)
+
+    empty = empty_tensors()
+    if empty["failed"]:
+        problems.append(f"empty tensors: {empty['failures']}")
     grads = gradients()
     if grads["failed"]:
         problems.append(f"gradients: {grads['failures']}")
@@ -454,7 +470,8 @@ def main() -> int:
     if not (trained["identical"] and trained["last_loss"] < trained["first_loss"]):
         problems.append(f"training: {trained}")
     if rank == 0:
-        print(f"dtype matrix: {matrix['checks']} checks; gradients: {grads['checks']} checks; "
+        print(f"dtype matrix: {matrix['checks']} checks; empty tensors: {empty['checks']} "
+              f"checks; gradients: {grads['checks']} checks; "
               f"invalid calls: {len(invalid['results'])} caught; training loss "
               f"{trained['first_loss']:.4f} -> {trained['last_loss']:.4f}", flush=True)
     for problem in problems:

@@ -17,6 +17,7 @@ from tests.support.workers import describe, run_workers
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
 SCRIPT = Path(__file__).resolve().parents[1] / "e2e" / "horovod_semantics.py"
+EMPTY = SCRIPT.with_name("horovod_empty.py")
 
 
 @pytest.mark.parametrize("size", [2, 3])
@@ -27,6 +28,17 @@ def test_every_dtype_in_every_collective_and_process_set(shared_coordinator, siz
         assert r.value["checks"] > 0
     # uint8 .. bool (10 dtypes) x dims 1-3 x the global set and a set.
     assert results[0].value["checks"] >= 10 * 3 * 2 * 20
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_empty_tensors_in_every_dtype_and_collective(shared_coordinator, size):
+    # Zero rows, zero trailing extents, a rank sending nothing, numpy's zero strides;
+    # uint16/32/64 as TensorFlow hands them over. Every later call must work too.
+    results = run_workers(shared_coordinator, size, EMPTY, "empty_tensors", timeout=200)
+    for r in results:
+        assert r.value["failed"] == 0, r.value["failures"]
+    # 13 dtypes x 2 stride kinds x 2 sets x at least 9 data-moving checks.
+    assert results[0].value["checks"] >= 13 * 2 * 2 * 9
 
 
 @pytest.mark.parametrize("size", [2, 3])
