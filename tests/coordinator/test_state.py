@@ -368,6 +368,22 @@ def test_stall_warning_timing_and_shutdown():
     assert "tensor 'slow'" in failed.message and "missing ranks: 1" in failed.message
 
 
+def test_stall_warning_and_failure_say_what_each_missing_rank_is_waiting_in():
+    job = form(3, now=0.0, stall_warning_ms=1000, stall_shutdown_ms=5000)
+    submit(job, 0, treq("a"), now=0.0)
+    submit(job, 1, treq("b", op=npb.OP_TYPE_ALLGATHER), now=0.0)
+    submit(job, 2, treq("b", op=npb.OP_TYPE_ALLGATHER), now=0.0)
+    effects = state.check(job, 1.1, 100.0)
+    (warning,) = events_to(effects, "w0")
+    assert "tensor 'a'" in warning.message and "missing ranks: 1-2" in warning.message
+    assert "rank 1 is waiting in allgather 'b'; rank 2 is waiting in allgather 'b'" \
+        in warning.message, warning.message
+    (warning,) = events_to(effects, "w1")
+    assert "rank 0 is waiting in allreduce 'a'" in warning.message, warning.message
+    (failed,) = events_to(state.check(job, 5.1, 100.0), "w0")
+    assert "rank 1 is waiting in allgather 'b'" in failed.message, failed.message
+
+
 def test_format_ranks():
     assert format_ranks([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert format_ranks([]) == ""

@@ -59,3 +59,18 @@ def train_until_file(stop_file: str, ready_dir: str):
         if stop.item() > 0:
             return steps, hvd.size()
         time.sleep(0.02)
+
+
+def stall_different_ops(wait_s: float):
+    """Rank 0 allreduces 'a' while rank 1 allgathers 'b'; after ``wait_s``
+    seconds each submits the other's too, and both complete."""
+    x = torch.ones(2)
+    if hvd.rank() == 0:
+        first = hvd.allreduce_async(x, name="a", op=hvd.Sum)
+        time.sleep(wait_s)
+        second = hvd.allgather_async(x, name="b")
+        return [hvd.synchronize(first), hvd.synchronize(second)]
+    first = hvd.allgather_async(x, name="b")
+    time.sleep(wait_s)
+    second = hvd.allreduce_async(x, name="a", op=hvd.Sum)
+    return [hvd.synchronize(second), hvd.synchronize(first)]

@@ -15,6 +15,7 @@ from tests.support.workers import collect, describe, run_workers, start_workers
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
 SCENARIOS = Path(__file__).with_name("scenarios.py")
+SCENARIOS_LIVENESS = SCENARIOS.with_name("scenarios_liveness.py")
 
 
 @pytest.mark.parametrize("kind,tensor,words", [
@@ -96,6 +97,22 @@ def test_stall_warning_names_tensor_and_missing_ranks(shared_coordinator, scenar
     assert "slowpoke" in warning, describe(results)
     for word in words:
         assert word in warning, warning
+
+
+def test_stall_warning_says_what_each_missing_rank_is_waiting_in(shared_coordinator):
+    # Rank 0 waits in allreduce 'a' for rank 1, which waits in allgather 'b' for rank 0:
+    # each warning names the tensor, the missing rank and the collective it is blocked in.
+    results = run_workers(shared_coordinator, 2, SCENARIOS_LIVENESS, "stall_different_ops",
+                          (3.0,), env={"HORA_STALL_CHECK_TIME": "1"}, timeout=90)
+    for r in results:
+        torch.testing.assert_close(r.value[0], torch.full((2,), 2.0))
+        torch.testing.assert_close(r.value[1], torch.ones(4))
+    warnings = [line for line in results[0].stderr.splitlines() if "'a'" in line]
+    assert any("rank 1" in line and "waiting in allgather 'b'" in line for line in warnings), \
+        results[0].stderr
+    warnings = [line for line in results[1].stderr.splitlines() if "'b'" in line]
+    assert any("rank 0" in line and "waiting in allreduce 'a'" in line for line in warnings), \
+        results[1].stderr
 
 
 def _base_env():

@@ -213,8 +213,12 @@ class Negotiator:
         elif event.type == negotiation_pb2.EVENT_TYPE_MEMBER_LEFT:
             log.info("rank %d (host %s, pid %d) left the job", event.rank, event.host, event.pid)
         elif event.type == negotiation_pb2.EVENT_TYPE_STALL_WARNING:
+            # The coordinator's message adds what each missing rank is blocked in,
+            # when it knows ("rank 1 is waiting in allgather 'b'").
             log.warning(
                 "rank %d: tensor %s has waited more than %g s for rank(s) %s to submit it; "
-                "one rank may be doing different work (or a different number of steps)",
+                "one rank may be doing different work (or a different number of steps). "
+                "Coordinator: %s",
                 self._rank, ", ".join(repr(n) for n in event.tensor_names),
-                self._settings.stall_warning_time.total_seconds(), list(event.missing_ranks))
+                self._settings.stall_warning_time.total_seconds(), list(event.missing_ranks),
+                event.message)

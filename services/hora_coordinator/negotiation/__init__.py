@@ -35,7 +35,7 @@ ties them together).
 
 from __future__ import annotations
 
-from .pending import PendingTensor, SetMembers, request_nbytes
+from .pending import PendingTensor, SetMembers, describe_waits, request_nbytes
 from .set_calls import NOT_ADDED, SetCall, SetCallKind, SetCallResult, SetCalls
 from .table import NegotiationTable, Outcome
 from .validation import format_ranks
@@ -50,6 +50,7 @@ __all__ = [
     "SetCallResult",
     "SetCalls",
     "SetMembers",
+    "describe_waits",
     "format_ranks",
     "request_nbytes",
 ]

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hora_proto.tensors import tensor_nbytes
 
-from ..messages import TensorRequest
+from ..messages import OpType, TensorRequest
 
-__all__ = ["PendingTensor", "SetMembers", "request_nbytes"]
+__all__ = ["PendingTensor", "SetMembers", "describe_waits", "request_nbytes"]
 
 
 def request_nbytes(request: TensorRequest) -> int:
@@ -66,3 +66,37 @@ class PendingTensor:
         if len(self.submissions) == len(ranks):
             return ranks
         return [r for r in ranks if r in self.submissions]
+
+
+def describe_waits(pending: Iterable[PendingTensor], stalled: PendingTensor,
+                   ranks: Sequence[int], most_ranks: int = 4, most_tensors: int = 2) -> str:
+    """What the ranks that have not submitted ``stalled`` are blocked in, as far as
+    the table knows: the collectives they submitted that still wait for others.
+
+    E.g. ``"rank 1 is waiting in allgather 'b'"``; empty when it knows of none.
+    At most ``most_ranks`` ranks and ``most_tensors`` tensors per rank are named.
+    One pass over the pending tensors.
+    """
+    wanted = set(ranks[:most_ranks])
+    found: dict[int, list[PendingTensor]] = {r: [] for r in wanted}
+    for tensor in pending:
+        if tensor is stalled:
+            continue
+        for rank in wanted.intersection(tensor.submissions):
+            found[rank].append(tensor)
+    parts = []
+    for rank in ranks[:most_ranks]:
+        tensors = found[rank]
+        if not tensors:
+            continue
+        named = ", ".join(_collective(rank, t) for t in tensors[:most_tensors])
+        more = f" and {len(tensors) - most_tensors} more" if len(tensors) > most_tensors else ""
+        parts.append(f"rank {rank} is waiting in {named}{more}")
+    return "; ".join(parts)
+
+
+def _collective(rank: int, tensor: PendingTensor) -> str:
+    op = tensor.submissions[rank].op_type
+    name = OpType(op).name.lower() if op in OpType._value2member_map_ else f"op {op}"
+    where = f" (process set {tensor.process_set.id})" if tensor.process_set.id else ""
+    return f"{name} '{tensor.name}'{where}"

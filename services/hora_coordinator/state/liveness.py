@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from ..messages import EventType
-from ..negotiation import format_ranks
+from ..negotiation import PendingTensor, describe_waits, format_ranks
 from .departures import lose
 from .effects import Effect, Log, Send, event_message
 from .elastic import check_round
@@ -110,10 +110,11 @@ def check(job: Job, now: float, lease_s: float) -> list[Effect]:
     for tensor in list(job.table.pending.values()):
         waited = now - tensor.first_seen
         if shutdown_s > 0 and waited > shutdown_s:
-            missing = format_ranks(job.table.missing_ranks(tensor))
+            missing_ranks = job.table.missing_ranks(tensor)
             failure = (
                 f"tensor '{tensor.name}' stalled for {waited:.1f} s; missing ranks: "
-                f"{missing} (stall shutdown time {shutdown_s:g} s)"
+                f"{format_ranks(missing_ranks)} (stall shutdown time {shutdown_s:g} s)"
+                f"{_waits(job, tensor, missing_ranks)}"
             )
             effects.append(Log(logging.ERROR, f"job '{job.job_id}': {failure}"))
             effects.extend(fail_job(job, failure, now))
@@ -126,7 +127,7 @@ def check(job: Job, now: float, lease_s: float) -> list[Effect]:
         missing_ranks = job.table.missing_ranks(tensor)
         text = (
             f"tensor '{tensor.name}' has waited {waited:.1f} s; missing ranks: "
-            f"{format_ranks(missing_ranks)}"
+            f"{format_ranks(missing_ranks)}{_waits(job, tensor, missing_ranks)}"
         )
         effects.append(
             Log(logging.WARNING, f"job '{job.job_id}' generation {job.generation}: {text}")
@@ -147,3 +148,10 @@ def check(job: Job, now: float, lease_s: float) -> list[Effect]:
         )
         effects.append(Send(submitters, message))
     return effects
+
+
+def _waits(job: Job, tensor: PendingTensor, missing_ranks: list[int]) -> str:
+    """``"; rank 1 is waiting in allgather 'b'"``: what the missing ranks submitted
+    and wait in, when the table knows (else nothing)."""
+    waits = describe_waits(job.table.pending.values(), tensor, missing_ranks)
+    return f"; {waits}" if waits else ""
