@@ -74,3 +74,17 @@ def stall_different_ops(wait_s: float):
     time.sleep(wait_s)
     second = hvd.allreduce_async(x, name="a", op=hvd.Sum)
     return [hvd.synchronize(second), hvd.synchronize(first)]
+
+
+def stall_cached_different_tensors(wait_s: float):
+    """Both ranks allreduce 'x' and 'y' once (cached from then on); then rank 0
+    allreduces 'x' while rank 1 allreduces 'y', and after ``wait_s`` seconds
+    each submits the other's too."""
+    x = torch.ones(2)
+    for name in ("x", "y"):
+        hvd.allreduce(x, name=name, op=hvd.Sum)
+    mine, theirs = ("x", "y") if hvd.rank() == 0 else ("y", "x")
+    first = hvd.allreduce_async(x, name=mine, op=hvd.Sum)
+    time.sleep(wait_s)
+    second = hvd.allreduce_async(x, name=theirs, op=hvd.Sum)
+    return [hvd.synchronize(first), hvd.synchronize(second)]

@@ -115,6 +115,23 @@ def test_stall_warning_says_what_each_missing_rank_is_waiting_in(shared_coordina
         results[1].stderr
 
 
+def test_cached_stall_warning_says_what_the_peer_is_waiting_in(shared_coordinator):
+    # The coordinator never sees cached tensors: the agreement round shows each
+    # rank which cached tensors its peer came ready with instead.
+    results = run_workers(shared_coordinator, 2, SCENARIOS_LIVENESS,
+                          "stall_cached_different_tensors", (3.0,),
+                          env={"HORA_STALL_CHECK_TIME": "1"}, timeout=90)
+    for r in results:
+        for value in r.value:
+            torch.testing.assert_close(value, torch.full((2,), 2.0))
+    for r, mine, theirs in ((results[0], "x", 1), (results[1], "y", 0)):
+        other = "y" if mine == "x" else "x"
+        warnings = [line for line in r.stderr.splitlines()
+                    if f"'{mine}'" in line and "peer to peer" in line]
+        assert any(f"rank {theirs} is waiting in allreduce '{other}'" in line
+                   for line in warnings), r.stderr
+
+
 def _base_env():
     import os
 

@@ -22,7 +22,6 @@ One thread at a time runs a round: a caller waiting on a handle
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import sys
 import time
@@ -38,6 +37,7 @@ from .._ops import OpType
 from ..errors import HorovodInternalError
 from ..settings import Settings
 from .cache import ResponseCache, Signature
+from .control import INVALID, NOT_READY, READY, ControlVector, peers_waiting_in
 from .executor import Executor
 from .pending import Entry, Handle, Pending
 from .process_sets import ResponseList
@@ -51,54 +51,7 @@ __all__ = ["Agreement", "ControlVector"]
 
 log = logging.getLogger("hora")
 
-# What a rank says of a cache slot.
-INVALID, NOT_READY, READY = 0, 1, 2
-# Sent for the values only rank 0 sets: the MIN's identity, so the MIN hands everyone rank 0's.
-UNSET = torch.iinfo(torch.int64).max
-
 Ready = list[tuple[int, Signature, Entry]]
-
-
-@dataclasses.dataclass
-class ControlVector:
-    """What one rank brings to a round; on the wire, ``slots`` then the seven fields.
-
-    ``wait_us`` and ``minus_wait_us`` carry this rank's wait in the previous
-    round as ``w`` and ``-w``: agreed, they are the shortest wait and minus the
-    longest (:mod:`.telemetry`).
-    """
-
-    slots: list[int]
-    lists_received: int
-    cache_usable: bool
-    fusion_threshold_kib: int = UNSET
-    cycle_us: int = UNSET
-    payload_budget: int = UNSET
-    wait_us: int = 0
-    minus_wait_us: int = 0
-
-    _FIELDS = 7
-
-    def encode(self) -> list[int]:
-        return [*self.slots, self.lists_received, int(self.cache_usable),
-                self.fusion_threshold_kib, self.cycle_us, self.payload_budget,
-                self.wait_us, self.minus_wait_us]
-
-    @classmethod
-    def decode(cls, values: list[int]) -> ControlVector:
-        width = len(values) - cls._FIELDS
-        received, usable, threshold, cycle, budget, wait, minus_wait = values[width:]
-        return cls(values[:width], received, bool(usable), threshold, cycle, budget,
-                   wait, minus_wait)
-
-    @staticmethod
-    def agree(vectors: list[list[int]]) -> list[int]:
-        """The element-wise MIN of encoded vectors."""
-        agreed = vectors[0]
-        for theirs in vectors[1:]:
-            agreed = [a if a < b else b for a, b in zip(agreed, theirs, strict=True)]
-        return agreed
-
 
 class Agreement:
     """The response cache and the rounds that run the global set's work."""
@@ -137,6 +90,8 @@ class Agreement:
         # This rank's wait in its previous round (µs), handed in with the next
         # one; -1 before the first (:mod:`.telemetry`).
         self._waited_us = -1
+        # Every rank's vector in the last exchange over the mesh (for stall warnings).
+        self._last_vectors: list[list[int]] = []
         TELEMETRY.new_world()
         pending.on_fail.append(self._drop_all)
 
@@ -192,17 +147,22 @@ class Agreement:
         self._unclassified.clear()
         return misses
 
-    def cached_stalls(self, limit: float) -> tuple[list[Entry], tuple[int, ...]]:
-        """Cached entries waiting longer than ``limit`` s (each reported once), and the
-        peers the round in progress waits for."""
+    def cached_stalls(self, limit: float) -> tuple[list[Entry], tuple[int, ...], str]:
+        """Cached entries waiting longer than ``limit`` s (each reported once), the
+        peers the round in progress waits for, and what the peers that came to the
+        last round were ready with instead (:func:`.control.peers_waiting_in`)."""
         now = time.monotonic()
         with self._lock:
             stalled = [e for e in self._cached_pending.values()
                        if not e.stall_warned and now - e.enqueued_at > limit]
             for entry in stalled:
                 entry.stall_warned = True
-        waiting = self._mesh.waiting_for if self._mesh is not None and stalled else ()
-        return stalled, waiting
+            waiting = self._mesh.waiting_for if self._mesh is not None and stalled else ()
+            # A peer's READY slots in the last exchange are still pending there:
+            # no round has run them since.
+            doing = peers_waiting_in(self._last_vectors, self.rank, set(self._cached_pending),
+                                     self.cache.name) if stalled else ""
+        return stalled, waiting, doing
 
     # -- who runs rounds --------------------------------------------------------
 
@@ -350,6 +310,7 @@ class Agreement:
             payload = mesh.pack([(slot, entry.buffer, entry.prescale_factor)
                                  for slot, entry in ready], layout)
             messages = mesh.exchange(vector.encode(), payload)
+            self._last_vectors = [values for values, _payload in messages]
             agreed = ControlVector.decode(ControlVector.agree([v for v, _p in messages]))
             if READY not in agreed.slots:
                 return agreed, None

@@ -34,9 +34,9 @@ __all__ = ["Liveness"]
 
 log = logging.getLogger("hora")
 
-# Cached entries newly stalled past a limit (seconds), and the peers the
-# agreement round in progress waits for.
-StallCheck = Callable[[float], tuple[Sequence[Entry], Sequence[int]]]
+# Cached entries newly stalled past a limit (seconds), the peers the agreement
+# round in progress waits for, and what the others wait in, if known.
+StallCheck = Callable[[float], tuple[Sequence[Entry], Sequence[int], str]]
 
 
 class Liveness:
@@ -117,9 +117,11 @@ class Liveness:
         limit = self._settings.stall_warning_time.total_seconds()
         if limit <= 0 or self._cached_stalls is None:
             return
-        stalled, waiting = self._cached_stalls(limit)
+        stalled, waiting, doing = self._cached_stalls(limit)
         missing = f"; ranks {sorted(waiting)} have not come to the agreement round" \
             if waiting else ""
+        if doing:
+            missing += f"; {doing}"
         for entry in stalled:
             log.warning("rank %d: tensor %r (negotiated before, agreed peer to peer) has "
                         "waited more than %g s for the other ranks to submit it%s", self._rank,
