@@ -88,3 +88,31 @@ def stall_cached_different_tensors(wait_s: float):
     time.sleep(wait_s)
     second = hvd.allreduce_async(x, name=theirs, op=hvd.Sum)
     return [hvd.synchronize(first), hvd.synchronize(second)]
+
+
+def finish_first(iterations: int):
+    """Generation after generation in one process: a last collective (a barrier,
+    a negotiated allreduce, a cached one whose bytes ride the agreement round),
+    which rank 0 comes to late, then every rank but rank 0 shuts down at once,
+    while rank 0 may still be finishing the call. Returns this rank's failures."""
+    failures = []
+    for i in range(iterations):
+        if i:
+            hvd.init()
+        kind = ("barrier", "allreduce", "cached")[i % 3]
+        try:
+            for _ in range(2):
+                hvd.allreduce(torch.ones(4), name="warm", op=hvd.Sum)
+            if hvd.rank() == 0:
+                time.sleep(0.02 * (i % 4))
+            if kind == "barrier":
+                hvd.barrier()
+            elif kind == "allreduce":
+                hvd.allreduce(torch.ones(3), name=f"last.{i}", op=hvd.Sum)
+            else:
+                hvd.allreduce(torch.ones(4), name="warm", op=hvd.Sum)
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            failures.append(f"iteration {i} ({kind}): {type(exc).__name__}: {exc}")
+        if i < iterations - 1:
+            hvd.shutdown()
+    return failures
