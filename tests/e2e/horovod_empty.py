@@ -45,7 +45,9 @@ def empty_tensors() -> dict:
         for dtype in DTYPES + UNSIGNED:
             for strided in (False, True):
                 tag = f"{set_name}/{dtype}/{'zero strides' if strided else 'packed'}"
-                _reductions(c, tag, dtype, strided, pset, n, me)
+                # Every reduction once; Sum again for zero strides and in the set.
+                ops = ("Sum",) if strided or set_name != "global" else ("Sum", "Min", "Product")
+                _reductions(c, tag, dtype, strided, pset, n, me, ops)
                 # allgather: zero-element rows everywhere; zero rows from the first rank.
                 c.check(f"{tag} allgather (3, 0)",
                         hvd.allgather(_empty((3, 0), dtype, strided), process_set=pset),
@@ -74,10 +76,10 @@ def empty_tensors() -> dict:
 
 
 def _reductions(c: Checker, tag: str, dtype: torch.dtype, strided: bool, pset: object,
-                n: int, me: int) -> None:
+                n: int, me: int, ops: tuple[str, ...]) -> None:
     if dtype in UNSIGNED:
         return
-    for oname in ("Sum", "Min", "Product"):
+    for oname in ops:
         op = REDUCE_OPS[oname]
         for shape in ((3, 0), (0,), (0, 2)):
             c.check(f"{tag} allreduce {oname} {shape}",
@@ -85,6 +87,15 @@ def _reductions(c: Checker, tag: str, dtype: torch.dtype, strided: bool, pset: o
                     torch.zeros(shape, dtype=dtype))
         y = _empty((2, 0), dtype, strided)
         c.check(f"{tag} allreduce_ {oname}", hvd.allreduce_(y, op=op, process_set=pset), y)
+        # The same name again and again: negotiated once, then agreed on from the cache.
+        for _ in range(3):
+            c.check(f"{tag} cached allreduce {oname}",
+                    hvd.allreduce(_empty((2, 0), dtype, strided), op=op, process_set=pset,
+                                  name=f"empty.{tag}.{oname}"), torch.zeros((2, 0), dtype=dtype))
+        got = hvd.grouped_allreduce([_empty((2, 0), dtype, strided), torch.ones(2, dtype=dtype)],
+                                    op=op, process_set=pset)
+        c.check(f"{tag} grouped_allreduce {oname} (2, 0)", got[0],
+                torch.zeros((2, 0), dtype=dtype))
         got = hvd.grouped_allreduce([_empty((0,), dtype, strided), torch.ones(2, dtype=dtype)],
                                     op=op, process_set=pset)
         c.check(f"{tag} grouped_allreduce {oname} empty", got[0], torch.zeros(0, dtype=dtype))

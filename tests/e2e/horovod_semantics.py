@@ -337,6 +337,10 @@ def _invalid_cases(rank: int, size: int, pset: object) -> list[tuple[str, object
         ("allreduce Adasum of ints", lambda: hvd.allreduce(
             torch.ones(2, dtype=torch.int32), op=hvd.Adasum)),
         ("allreduce of a list", lambda: hvd.allreduce([1.0, 2.0])),
+        *[(f"allreduce of {t}", lambda t=t: hvd.allreduce(torch.ones(2, dtype=t)))
+          for t in UNSIGNED],
+        ("reducescatter of an unsigned tensor", lambda: hvd.reducescatter(
+            torch.ones(size, dtype=UNSIGNED[0] if UNSIGNED else torch.complex64))),
         ("allreduce of a sparse tensor", lambda: hvd.allreduce(torch.eye(2).to_sparse())),
         ("allreduce invalid on one rank", lambda: hvd.allreduce(
             torch.ones(2, dtype=torch.complex64 if rank == last else torch.float32),
