@@ -7,7 +7,9 @@ import os
 
 import torch
 
-__all__ = ["Segment", "at_least", "unlink"]
+from .base import BackendError
+
+__all__ = ["Segment", "at_least", "peer_view", "unlink"]
 
 
 def at_least(buf: torch.Tensor | None, nbytes: int) -> torch.Tensor:
@@ -54,3 +56,24 @@ class Segment:
             self._map.close()
         except BufferError:
             pass  # a view is still alive; the mapping goes with it
+
+
+def peer_view(opened: dict[int, tuple[int, Segment]], rank: int, peer: int, version: int,
+              path: str, what: str, offset: int, nbytes: int) -> torch.Tensor:
+    """``nbytes`` at ``offset`` of ``peer``'s segment ``path`` (version ``version``),
+    opened once per version and kept in ``opened``; ``rank`` is this rank.
+
+    Raises:
+        BackendError: the file cannot be opened (``what`` names it in the message).
+    """
+    found = opened.get(peer)
+    if found is None or found[0] != version:
+        try:
+            segment = Segment(path, 0, create=False)
+        except OSError as exc:
+            raise BackendError(f"control mesh: rank {rank} could not open rank "
+                               f"{peer}'s {what} {path}: {exc}") from exc
+        if found is not None:
+            found[1].close()
+        opened[peer] = found = (version, segment)
+    return found[1].tensor[offset:offset + nbytes]

@@ -46,7 +46,7 @@ import socket
 import struct
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 
 import torch
@@ -54,7 +54,8 @@ import torch.distributed as dist
 
 from .base import BackendError
 from .mesh_handshake import HANDSHAKE_TIMEOUT, accept_peers, connect_peer
-from .mesh_segments import Segment, at_least, unlink
+from .mesh_messages import _INLINE, _MESSAGE, _Incoming, _Outgoing
+from .mesh_segments import Segment, at_least, peer_view, unlink
 
 __all__ = ["MAX_MESH_SIZE", "MeshTransport"]
 
@@ -62,11 +63,6 @@ MAX_MESH_SIZE = 32
 
 log = logging.getLogger("hora")
 
-# A message: number of int64 values, payload bytes, where the payload lies in the
-# sender's shared segment (offset, segment version; version -1: the bytes follow
-# the values on the socket); then the values, then any inline payload.
-_MESSAGE = struct.Struct("<IQQq")
-_INLINE = -1
 # Where segment files go unless the caller names a prefix (the engine does).
 _DEFAULT_SHM_PREFIX = "/dev/shm/hora-mesh-"
 
@@ -273,24 +269,8 @@ class MeshTransport:
     def _peer_payload(self, peer: int, version: int, offset: int, nbytes: int
                       ) -> torch.Tensor:
         path = f"{self._peer_prefix[peer]}-{peer}-{version}"
-        return self._peer_view(self._peer_segments, peer, version, path, "shared segment",
-                               offset, nbytes)
-
-    def _peer_view(self, opened: dict[int, tuple[int, Segment]], peer: int, version: int,
-                   path: str, what: str, offset: int, nbytes: int) -> torch.Tensor:
-        """``nbytes`` at ``offset`` of ``peer``'s segment ``path`` (version ``version``),
-        opened once per version and kept in ``opened``."""
-        found = opened.get(peer)
-        if found is None or found[0] != version:
-            try:
-                segment = Segment(path, 0, create=False)
-            except OSError as exc:
-                raise BackendError(f"control mesh: rank {self.rank} could not open rank "
-                                   f"{peer}'s {what} {path}: {exc}") from exc
-            if found is not None:
-                found[1].close()
-            opened[peer] = found = (version, segment)
-        return found[1].tensor[offset:offset + nbytes]
+        return peer_view(self._peer_segments, self.rank, peer, version, path, "shared segment",
+                         offset, nbytes)
 
     def min(self, values: Sequence[int]) -> list[int]:
         """Element-wise minimum of every rank's ``values`` (all ranks pass the same length).
@@ -417,8 +397,8 @@ class MeshTransport:
     def _peer_swap_payload(self, peer: int, version: int, offset: int, nbytes: int
                            ) -> torch.Tensor:
         path = f"{self._peer_prefix[peer]}-{peer}-swap{self.rank}-{version}"
-        return self._peer_view(self._peer_swap_segments, peer, version, path, "swap segment",
-                               offset, nbytes)
+        return peer_view(self._peer_swap_segments, self.rank, peer, version, path,
+                         "swap segment", offset, nbytes)
 
     def _transfer(self, sending: dict[int, _Outgoing], receiving: dict[int, _Incoming]
                   ) -> dict[int, tuple[list[int], torch.Tensor | None]]:
@@ -427,6 +407,7 @@ class MeshTransport:
         result: dict[int, tuple[list[int], torch.Tensor | None]] = {}
         deadline = time.monotonic() + self._timeout
         self.waiting_for = tuple(receiving)
+        peer = -1  # the peer being served, for an error's message
         try:
             for peer in list(sending):
                 if sending[peer].push():
@@ -453,6 +434,12 @@ class MeshTransport:
                     if receiving[peer].pull(conn):
                         result[peer] = receiving.pop(peer).message()
                         self.waiting_for = tuple(receiving)
+        except ConnectionError as exc:
+            # A peer that exited with bytes of ours unread resets the connection.
+            raise BackendError(
+                f"control mesh exchange failed on rank {self.rank}: rank {peer}'s connection "
+                f"broke ({exc}); it exited or closed the mesh while this rank waited for it"
+            ) from exc
         except OSError as exc:
             raise BackendError(f"control mesh exchange failed on rank {self.rank}: {exc}") \
                 from exc
@@ -507,94 +494,3 @@ class MeshTransport:
         self._peer_segments.clear()
         self._wake_r.close()
         self._wake_w.close()
-
-
-class _Outgoing:
-    """One message on its way to one peer, sent as far as the socket takes it."""
-
-    __slots__ = ("conn", "parts")
-
-    def __init__(self, conn: socket.socket, head: bytes, body: memoryview | None) -> None:
-        self.conn = conn
-        self.parts = [memoryview(head)] + ([body] if body is not None else [])
-
-    def push(self) -> bool:
-        """Sends what the socket accepts now; True once everything is sent."""
-        while self.parts:
-            try:
-                sent = self.conn.sendmsg(self.parts)
-            except BlockingIOError:
-                return False
-            while sent and self.parts:
-                if sent >= len(self.parts[0]):
-                    sent -= len(self.parts[0])
-                    self.parts.pop(0)
-                else:
-                    self.parts[0] = self.parts[0][sent:]
-                    sent = 0
-        return True
-
-
-class _Incoming:
-    """One message being received from one peer: header, values, then payload."""
-
-    __slots__ = ("mesh", "peer", "n", "locate", "buf", "view", "got", "stage", "values",
-                 "payload", "shared")
-
-    def __init__(self, mesh: MeshTransport, peer: int, n: int,
-                 locate: Callable[[int, int, int, int], torch.Tensor] | None = None) -> None:
-        self.mesh, self.peer, self.n = mesh, peer, n
-        # Finds a payload the peer left in shared memory: (peer, version, offset, nbytes).
-        self.locate = locate if locate is not None else mesh._peer_payload
-        self.buf = bytearray(_MESSAGE.size)
-        self.view = memoryview(self.buf)
-        self.got = 0
-        self.stage = 0  # 0: header, 1: values, 2: payload, 3: done
-        self.values: list[int] | None = None
-        self.payload: torch.Tensor | None = None  # inline bytes still to read
-        self.shared: torch.Tensor | None = None  # bytes in the peer's segment
-
-    def pull(self, conn: socket.socket) -> bool:
-        """Reads what has arrived; True once the whole message is in."""
-        while True:
-            while self.got == len(self.view):
-                self._advance()
-                if self.stage == 3:
-                    return True
-            try:
-                got = conn.recv_into(self.view[self.got:])
-            except BlockingIOError:
-                return False
-            if not got:
-                raise BackendError(f"control mesh: rank {self.peer} closed its connection to "
-                                   f"rank {self.mesh.rank} during an exchange")
-            self.got += got
-
-    def _advance(self) -> None:
-        self.got = 0
-        if self.stage == 0:
-            n, nbytes, offset, version = _MESSAGE.unpack(self.buf)
-            if n != self.n:
-                raise BackendError(
-                    f"control mesh: rank {self.peer} sent {n} values, rank {self.mesh.rank} "
-                    f"{self.n}; the ranks' caches diverged")
-            if nbytes and version != _INLINE:
-                self.shared = self.locate(self.peer, version, offset, nbytes)
-            elif nbytes:
-                self.payload = self.mesh._buffer(self.peer, nbytes)
-            self.buf = bytearray(8 * n)
-            self.view = memoryview(self.buf)
-            self.stage = 1
-        elif self.stage == 1:
-            self.values = list(struct.unpack(f"<{self.n}q", self.buf))
-            if self.payload is not None:
-                self.view = memoryview(self.payload.numpy())  # type: ignore[arg-type]
-                self.stage = 2
-            else:
-                self.stage = 3
-        else:
-            self.stage = 3
-
-    def message(self) -> tuple[list[int], torch.Tensor | None]:
-        assert self.values is not None
-        return self.values, self.shared if self.shared is not None else self.payload

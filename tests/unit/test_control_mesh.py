@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from datetime import timedelta
@@ -102,6 +103,29 @@ def test_a_closed_peer_fails_the_exchange():
         assert isinstance(error, BackendError) and "rank 2 closed its connection" in str(error)
     for mesh in meshes:
         mesh.close()
+
+
+def test_a_peer_that_exits_with_our_message_unread_is_named():
+    # Closing a socket with unread bytes resets the connection (what a rank that
+    # exits in the middle of a round leaves behind): the error names that rank.
+    meshes = build(2)
+    errors: list[BaseException] = []
+
+    def wait_in_exchange() -> None:
+        try:
+            meshes[0].exchange([1], payload(0, 100))
+        except BackendError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=wait_in_exchange)
+    thread.start()
+    readable, _, _ = select.select([meshes[1]._peers[0]], [], [], 30)
+    assert readable, "rank 0's message never arrived"
+    meshes[1].close()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and "rank 1's connection broke" in str(errors[0]), errors
+    meshes[0].close()
 
 
 def test_a_silent_peer_fails_the_exchange_at_the_timeout():
