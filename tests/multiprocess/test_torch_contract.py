@@ -1,0 +1,83 @@
+"""Horovod 0.28.1's PyTorch contract: sparse handles, SparseAdam, duplicate sets, the sampler.
+
+One 3-rank job checks everything, then a 2-rank job does it again and
+resumes the 3-rank job's sampler state, as an elastic reset to 2 ranks does.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.workers import run_workers
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+
+SCENARIOS = Path(__file__).with_name("scenarios_torch_contract.py")
+import scenarios_torch_contract as contract  # noqa: E402  (the test dir is on sys.path)
+
+
+def horovod_partition(epoch: int, processed_num: int, size: int, seed: int = 5) -> list[list[int]]:
+    """Every rank's indices as Horovod 0.28.1's ElasticSampler computes them."""
+    order = list(range(contract.SAMPLES))
+    random.Random(seed + epoch).shuffle(order)
+    remaining = order[processed_num:]
+    per_rank = math.ceil(len(remaining) / size)
+    padded = remaining + remaining[:per_rank * size - len(remaining)]
+    return [padded[r:per_rank * size:size] for r in range(size)]
+
+
+def check_job(results: list[dict], size: int, resumed_from: int, batches: int) -> None:
+    dense = torch.zeros(6, 3)
+    for r in range(size):
+        dense[r] = r + 1.0
+    dense[5] = size
+    for rank, out in enumerate(results):
+        sparse = out["sparse"]
+        assert not sparse["is_int"] and sparse["callable"] and sparse["again_same"]
+        torch.testing.assert_close(sparse["sum"], dense)
+        torch.testing.assert_close(sparse["average"], dense / size)
+        assert sparse["polled"]
+
+        # SparseAdam, both ways, equals one process on the concatenated batch.
+        expected = contract.train_sparse_adam(False, size, 0, distributed=False)
+        for key in ("adam_dense", "adam_sparse"):
+            assert torch.equal(out[key], results[0][key]), f"{key} differs across ranks"
+            torch.testing.assert_close(out[key], expected, rtol=1e-5, atol=1e-6)
+
+        sets = out["sets"]
+        assert len(sets["errors"]) == 2, sets
+        assert all("duplicate process set" in e for e in sets["errors"]), sets["errors"]
+        assert "process set 0" in sets["errors"][1]  # the global set's ranks
+        first, second = sets["ids"]
+        assert second == first + 1, "the refused calls took no set id"
+        members = {0: [0, 1] if size > 2 else [0], 1: [1]}
+        assert sets["sums"] == [float(len(members[0]))] * (rank in members[0]) + \
+            [1.0] * (rank == 1) + [float(size)]
+        assert sets["removed"] and sets["again"] == second + 1
+
+        sampler = out["sampler"]
+        partition = horovod_partition(0, resumed_from, size)
+        mine = partition[rank]
+        assert sampler["seen"] == [mine[i:i + contract.BATCH]
+                                   for i in range(0, batches * contract.BATCH, contract.BATCH)]
+        processed = resumed_from + batches * contract.BATCH * size
+        assert sampler["state"] == {"epoch": 0, "processed_num": processed}
+        assert sampler["next_epoch"] == horovod_partition(1, 0, size)[rank]
+        assert sampler["len"] == math.ceil(contract.SAMPLES / size)
+
+
+def test_horovod_torch_contract_at_three_then_two_ranks(shared_coordinator):
+    three = [r.value for r in run_workers(shared_coordinator, 3, SCENARIOS, "contract",
+                                          (None, 2), timeout=150)]
+    check_job(three, 3, 0, 2)
+    # Every rank recorded the same batches: each one's state is the job's state.
+    state = three[0]["sampler"]["state"]
+    assert all(out["sampler"]["state"] == state for out in three)
+    two = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS, "contract",
+                                        (state, 3), timeout=150)]
+    check_job(two, 2, state["processed_num"], 3)
