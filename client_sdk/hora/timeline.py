@@ -8,7 +8,10 @@ then the top-level ``<OP>`` with nested activities (``QUEUE``,
 
 Layout: ``pid`` is the rank (a ``process_name`` metadata event calls it
 ``rank R``) and every tensor gets its own row, ``tid`` 1, 2, ... in order of
-first appearance, named after the tensor by a ``thread_name`` metadata event.
+first appearance, named by a ``thread_name`` metadata event as Horovod names
+the tensor: its collective, a dot, then the name the script gave it
+(``allreduce.fc.weight``, ``allgather.ids``, ``broadcast.bcast``; see
+:func:`row_name`), which is what tools grep Horovod's timelines for.
 Horovod gives every tensor its own ``pid`` instead; one pid per rank lets the
 files of several ranks be concatenated into one trace without collisions.
 Row ``tid`` 0, named ``CYCLE_START``, holds the cycle markers.
@@ -50,7 +53,7 @@ import time
 from datetime import timedelta
 from types import TracebackType
 
-__all__ = ["ACTIVITIES", "NULL_TIMELINE", "OPS", "NullTimeline", "Timeline"]
+__all__ = ["ACTIVITIES", "NULL_TIMELINE", "OPS", "NullTimeline", "Timeline", "row_name"]
 
 logger = logging.getLogger("hora.timeline")
 
@@ -80,6 +83,20 @@ _COPY_TO_WAIT = 20
 # the order records were queued, so callers never take a lock.
 _NEGOTIATE_START, _NEGOTIATE_END, _START, _END, _ACTIVITY_START, _ACTIVITY_END, _CYCLE = range(7)
 _NEGOTIATE_PREFIX = "NEGOTIATE_"
+
+
+def row_name(name: str, op: str) -> str:
+    """The row of tensor ``name`` of collective ``op`` (one of :data:`OPS`), as Horovod names it.
+
+    Horovod's framework layer prefixes every tensor name with its collective
+    (``allreduce.<name>``; unnamed ones are ``allreduce.noname.<n>``). Names
+    that already carry the prefix, as hora's generated names and
+    ``DistributedOptimizer``'s ``allreduce.<parameter>`` do, stay as they are.
+    """
+    prefix = op.lower()
+    if name.startswith((f"{prefix}.", f"grouped_{prefix}.")):
+        return name
+    return f"{prefix}.{name}"
 
 
 def _op_name(op: str | enum.Enum) -> str:
@@ -353,7 +370,14 @@ class Timeline:
             row = self._rows[name] = len(self._rows) + 1
             self._open[row] = []
             self._last_ts[row] = ts
-            out.append(self._meta("thread_name", row, {"name": name}))
+            # The op is known from the first negotiation or start; a row that
+            # begins otherwise (nothing of it will be written) keeps the bare name.
+            label = name
+            if kind == _NEGOTIATE_START:
+                label = row_name(name, event[len(_NEGOTIATE_PREFIX):])
+            elif kind == _START:
+                label = row_name(name, event)
+            out.append(self._meta("thread_name", row, {"name": label}))
             out.append(self._meta("thread_sort_index", row, {"sort_index": row}))
         # Two threads may stamp a tensor's calls in one order and queue them in the
         # other; a row's events must still be in time order for the viewers to nest them.

@@ -1,11 +1,13 @@
-"""Horovod 0.28.1's PyTorch contract: sparse handles, SparseAdam, duplicate sets, the sampler.
+"""Horovod 0.28.1's PyTorch contract where hora used to differ, at 3 then 2 ranks.
 
-One 3-rank job checks everything, then a 2-rank job does it again and
+Sparse handles, SparseAdam, duplicate process sets, the elastic sampler and
+the timeline's row names. One 3-rank job checks everything, then a 2-rank job does it again and
 resumes the 3-rank job's sampler state, as an elastic reset to 2 ranks does.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -71,10 +73,29 @@ def check_job(results: list[dict], size: int, resumed_from: int, batches: int) -
         assert sampler["len"] == math.ceil(contract.SAMPLES / size)
 
 
-def test_horovod_torch_contract_at_three_then_two_ranks(shared_coordinator):
+def check_timeline(path: Path) -> None:
+    """Rank 0's timeline names rows as Horovod does: <collective>.<tensor name>."""
+    events = json.loads(path.read_text())
+    rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    expected = {
+        "allgather.contract.sparse.indices", "allgather.contract.sparse.values",
+        "allgather.contract.sparse.avg.values",  # sparse_allreduce_async's allgathers
+        "allreduce.weight",  # DistributedOptimizer, sparse_as_dense=True
+        "allgather.weight.indices", "allgather.weight.values",  # sparse_as_dense=False
+        "allreduce.contract.set1", "allreduce.contract.set0",
+    }
+    assert expected <= rows, sorted(rows)
+    names = {e.get("name") for e in events}
+    assert {"NEGOTIATE_ALLGATHER", "ALLGATHER", "NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= names
+
+
+def test_horovod_torch_contract_at_three_then_two_ranks(shared_coordinator, tmp_path):
+    timeline = tmp_path / "timeline.json"
     three = [r.value for r in run_workers(shared_coordinator, 3, SCENARIOS, "contract",
-                                          (None, 2), timeout=150)]
+                                          (None, 2), timeout=150,
+                                          env={"HORA_TIMELINE": str(timeline)})]
     check_job(three, 3, 0, 2)
+    check_timeline(timeline)
     # Every rank recorded the same batches: each one's state is the job's state.
     state = three[0]["sampler"]["state"]
     assert all(out["sampler"]["state"] == state for out in three)

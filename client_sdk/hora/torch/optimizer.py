@@ -196,7 +196,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 torch.empty(1, 0, dtype=torch.int64, device=p.device),
                 p.new_empty(0, *p.shape[1:]), p.shape, check_invariants=False)
         grad = p.grad.coalesce()
-        name = f"sparse.{self._names[p]}"
+        # Horovod's names: the allgathers of <parameter>.values and .indices.
+        name = self._names[p]
         values = allgather_async(grad._values(), name=f"{name}.values",
                                  process_set=self._process_set)
         indices = allgather_async(grad._indices().t().contiguous(), name=f"{name}.indices",
