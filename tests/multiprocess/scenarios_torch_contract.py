@@ -109,3 +109,31 @@ def contract(sampler_state, sampler_batches):
         "sets": process_sets(),
         "sampler": sampler_epoch(sampler_state, sampler_batches),
     }
+
+
+def sampler_through_a_loss(samples: int, kill_step: int):
+    """0.28.1's elastic loop at 3 ranks; rank 2 dies after step ``kill_step``, before its commit.
+
+    Returns what every step applied (the allgather of each rank's batch, in
+    rank order) as the committed state holds it, and the world sizes seen.
+    """
+    import os
+    import signal
+
+    dataset = torch.utils.data.TensorDataset(torch.arange(samples))
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+
+    @hvd.elastic.run
+    def train(state):
+        state.sizes.append(hvd.size())
+        for batch_idx, (batch,) in enumerate(loader):
+            state.applied.append(hvd.allgather(batch, name="loss.applied").tolist())
+            state.sampler.record_batch(batch_idx, BATCH)
+            if hvd.rank() == 2 and len(state.applied) == kill_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            state.commit()
+
+    state = hvd.elastic.TorchState(sampler=sampler, applied=[], sizes=[])
+    train(state)
+    return state.applied, state.sizes, sampler.state_dict()

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.workers import run_workers
+from tests.support.coordinator import CoordinatorProcess
+from tests.support.workers import describe, run_workers
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
@@ -102,3 +103,43 @@ def test_horovod_torch_contract_at_three_then_two_ranks(shared_coordinator, tmp_
     two = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS, "contract",
                                         (state, 3), timeout=150)]
     check_job(two, 2, state["processed_num"], 3)
+
+
+def horovod_steps(epoch: int, processed_num: int, size: int, samples: int, seed: int
+                  ) -> list[list[int]]:
+    """What each step of a 0.28.1 loop applies: every rank's next batch, in rank order."""
+    order = list(range(samples))
+    random.Random(seed + epoch).shuffle(order)
+    remaining = order[processed_num:]
+    per_rank = math.ceil(len(remaining) / size)
+    padded = remaining + remaining[:per_rank * size - len(remaining)]
+    shares = [padded[r:per_rank * size:size] for r in range(size)]
+    batch = contract.BATCH
+    return [[i for share in shares for i in share[k:k + batch]]
+            for k in range(0, per_rank, batch)]
+
+
+def test_sampler_after_a_worker_loss_partitions_as_horovod_does():
+    samples, kill_step = 48, 4
+    # A lease long enough that the first world waits for all 3 workers (each
+    # imports torch first, which may take seconds on a busy machine).
+    with CoordinatorProcess(["--lease-s", "10"]) as coordinator:
+        results = run_workers(coordinator, 3, SCENARIOS, "sampler_through_a_loss",
+                              (samples, kill_step), timeout=150, expect_ok=False,
+                              env={"HORA_MIN_SIZE": "2", "HORA_MAX_SIZE": "3"})
+    # Ranks follow the order of joining, not of starting: find the one that died.
+    killed = [r for r in results if r.returncode == -9]
+    survivors = [r for r in results if r.ok]
+    assert len(killed) == 1 and len(survivors) == 2, describe(results)
+    applied, sizes, state = survivors[0].value
+    assert survivors[1].value == (applied, sizes, state)
+    assert sizes == [3, 2]
+    # commit() saves, then checks with the others (Horovod's order): the
+    # survivors saved step 4, whose allgather rank 2 took part in, and failed
+    # in the check. The 2 of them split what was left after 4 x 3 x 2 samples.
+    done = kill_step * 3 * contract.BATCH
+    expected = horovod_steps(0, 0, 3, samples, 3)[:kill_step] + \
+        horovod_steps(0, done, 2, samples, 3)
+    assert applied == expected
+    assert sorted(i for step in applied for i in step) == list(range(samples))
+    assert state == {"epoch": 0, "processed_num": samples}
