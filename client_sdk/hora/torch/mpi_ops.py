@@ -28,9 +28,11 @@ from ._collectives import __all__ as _collectives_all
 __all__ = [*_basics_all, *_collectives_all, *_autograd_all]
 
 
-def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
-                           op: ReduceOp | None = None,
-                           process_set: ProcessSet = global_process_set) -> CallableHandle:
+# Replaces the star-imported form, whose integer handle Horovod's scripts cannot call.
+def sparse_allreduce_async(  # type: ignore[no-redef]
+        tensor: torch.Tensor, name: str | None = None,
+        op: ReduceOp | None = None,
+        process_set: ProcessSet = global_process_set) -> CallableHandle:
     """Starts summing (or averaging) a sparse tensor over the ranks of ``process_set``.
 
     As in Horovod, every rank's indices and values are allgathered (as
