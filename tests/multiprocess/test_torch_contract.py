@@ -20,6 +20,15 @@ from tests.support.workers import describe, run_workers
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
+
+@pytest.fixture(scope="module")
+def coordinator():
+    """A coordinator whose 10 s lease outlasts a worker starved of CPU for a few seconds
+    on a busy machine, and lets an elastic job's first world wait for all 3 workers
+    (each imports torch first)."""
+    with CoordinatorProcess(["--lease-s", "10"]) as started:
+        yield started
+
 SCENARIOS = Path(__file__).with_name("scenarios_torch_contract.py")
 import scenarios_torch_contract as contract  # noqa: E402  (the test dir is on sys.path)
 
@@ -90,9 +99,9 @@ def check_timeline(path: Path) -> None:
     assert {"NEGOTIATE_ALLGATHER", "ALLGATHER", "NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= names
 
 
-def test_horovod_torch_contract_at_three_then_two_ranks(shared_coordinator, tmp_path):
+def test_horovod_torch_contract_at_three_then_two_ranks(coordinator, tmp_path):
     timeline = tmp_path / "timeline.json"
-    three = [r.value for r in run_workers(shared_coordinator, 3, SCENARIOS, "contract",
+    three = [r.value for r in run_workers(coordinator, 3, SCENARIOS, "contract",
                                           (None, 2), timeout=150,
                                           env={"HORA_TIMELINE": str(timeline)})]
     check_job(three, 3, 0, 2)
@@ -100,7 +109,7 @@ def test_horovod_torch_contract_at_three_then_two_ranks(shared_coordinator, tmp_
     # Every rank recorded the same batches: each one's state is the job's state.
     state = three[0]["sampler"]["state"]
     assert all(out["sampler"]["state"] == state for out in three)
-    two = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS, "contract",
+    two = [r.value for r in run_workers(coordinator, 2, SCENARIOS, "contract",
                                         (state, 3), timeout=150)]
     check_job(two, 2, state["processed_num"], 3)
 
@@ -119,14 +128,11 @@ def horovod_steps(epoch: int, processed_num: int, size: int, samples: int, seed:
             for k in range(0, per_rank, batch)]
 
 
-def test_sampler_after_a_worker_loss_partitions_as_horovod_does():
+def test_sampler_after_a_worker_loss_partitions_as_horovod_does(coordinator):
     samples, kill_step = 48, 4
-    # A lease long enough that the first world waits for all 3 workers (each
-    # imports torch first, which may take seconds on a busy machine).
-    with CoordinatorProcess(["--lease-s", "10"]) as coordinator:
-        results = run_workers(coordinator, 3, SCENARIOS, "sampler_through_a_loss",
-                              (samples, kill_step), timeout=150, expect_ok=False,
-                              env={"HORA_MIN_SIZE": "2", "HORA_MAX_SIZE": "3"})
+    results = run_workers(coordinator, 3, SCENARIOS, "sampler_through_a_loss",
+                          (samples, kill_step), timeout=150, expect_ok=False,
+                          env={"HORA_MIN_SIZE": "2", "HORA_MAX_SIZE": "3"})
     # Ranks follow the order of joining, not of starting: find the one that died.
     killed = [r for r in results if r.returncode == -9]
     survivors = [r for r in results if r.ok]
