@@ -8,7 +8,10 @@ then the top-level ``<OP>`` with nested activities (``QUEUE``,
 
 Layout: ``pid`` is the rank (a ``process_name`` metadata event calls it
 ``rank R``) and every tensor gets its own row, ``tid`` 1, 2, ... in order of
-first appearance, named after the tensor by a ``thread_name`` metadata event.
+first appearance, named by a ``thread_name`` metadata event as Horovod names
+the tensor: its collective, a dot, then the name the script gave it
+(``allreduce.fc.weight``, ``allgather.ids``, ``broadcast.bcast``; see
+:func:`row_name`), which is what tools grep Horovod's timelines for.
 Horovod gives every tensor its own ``pid`` instead; one pid per rank lets the
 files of several ranks be concatenated into one trace without collisions.
 Row ``tid`` 0, named ``CYCLE_START``, holds the cycle markers.
@@ -41,7 +44,6 @@ import atexit
 import collections
 import contextlib
 import enum
-import errno
 import json
 import logging
 import os
@@ -50,7 +52,9 @@ import time
 from datetime import timedelta
 from types import TracebackType
 
-__all__ = ["ACTIVITIES", "NULL_TIMELINE", "OPS", "NullTimeline", "Timeline"]
+from ._timeline_file import copy_prefix, link_tmpfile, new_file, pwrite_all
+
+__all__ = ["ACTIVITIES", "NULL_TIMELINE", "OPS", "NullTimeline", "Timeline", "row_name"]
 
 logger = logging.getLogger("hora.timeline")
 
@@ -80,6 +84,20 @@ _COPY_TO_WAIT = 20
 # the order records were queued, so callers never take a lock.
 _NEGOTIATE_START, _NEGOTIATE_END, _START, _END, _ACTIVITY_START, _ACTIVITY_END, _CYCLE = range(7)
 _NEGOTIATE_PREFIX = "NEGOTIATE_"
+
+
+def row_name(name: str, op: str) -> str:
+    """The row of tensor ``name`` of collective ``op`` (one of :data:`OPS`), as Horovod names it.
+
+    Horovod's framework layer prefixes every tensor name with its collective
+    (``allreduce.<name>``; unnamed ones are ``allreduce.noname.<n>``). Names
+    that already carry the prefix, as hora's generated names and
+    ``DistributedOptimizer``'s ``allreduce.<parameter>`` do, stay as they are.
+    """
+    prefix = op.lower()
+    if name.startswith((f"{prefix}.", f"grouped_{prefix}.")):
+        return name
+    return f"{prefix}.{name}"
 
 
 def _op_name(op: str | enum.Enum) -> str:
@@ -353,7 +371,14 @@ class Timeline:
             row = self._rows[name] = len(self._rows) + 1
             self._open[row] = []
             self._last_ts[row] = ts
-            out.append(self._meta("thread_name", row, {"name": name}))
+            # The op is known from the first negotiation or start; a row that
+            # begins otherwise (nothing of it will be written) keeps the bare name.
+            label = name
+            if kind == _NEGOTIATE_START:
+                label = row_name(name, event[len(_NEGOTIATE_PREFIX):])
+            elif kind == _START:
+                label = row_name(name, event)
+            out.append(self._meta("thread_name", row, {"name": label}))
             out.append(self._meta("thread_sort_index", row, {"sort_index": row}))
         # Two threads may stamp a tensor's calls in one order and queue them in the
         # other; a row's events must still be in time order for the viewers to nest them.
@@ -400,15 +425,15 @@ class Timeline:
 
     def _publish(self, batch: bytes) -> None:
         """Renames over the path a new file: the published array with ``batch`` appended."""
-        fd, named = _new_file(self._target)
+        fd, named = new_file(self._target)
         try:
             # CPU time, not wall time: waiting for the GIL is no cost of the copy.
             started = time.thread_time()
-            _copy(self._fd, fd, self._end)
+            copy_prefix(self._fd, fd, self._end)
             self._wait_s = max(self._interval_s, _COPY_TO_WAIT * (time.thread_time() - started))
-            _pwrite_all(fd, batch + _TRAILER, self._end)
+            pwrite_all(fd, batch + _TRAILER, self._end)
             if named is None:
-                named = _link_tmpfile(fd, self._target)
+                named = link_tmpfile(fd, self._target)
             os.rename(named, self._target)
         except BaseException:
             os.close(fd)
@@ -421,72 +446,3 @@ class Timeline:
         self._fd = fd
         self._end += len(batch)
 
-
-def _temp_name(target: str) -> str:
-    head, tail = os.path.split(target)
-    return os.path.join(head, f".{tail}.{os.getpid()}.hora-tmp")
-
-
-def _new_file(target: str) -> tuple[int, str | None]:
-    """An empty file in ``target``'s directory, and its name if it has one.
-
-    An unnamed ``O_TMPFILE`` file when the file system has them, so a killed
-    writer leaves nothing behind; otherwise a hidden temporary name.
-    """
-    directory = os.path.dirname(target) or "."
-    try:
-        return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o644), None
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-            raise  # a missing or unwritable directory fails the named way too
-    name = _temp_name(target)
-    return os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644), name
-
-
-def _link_tmpfile(fd: int, target: str) -> str:
-    """Gives the unnamed file ``fd`` a temporary name next to ``target``; returns it."""
-    name = _temp_name(target)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(name)  # left by a writer killed between this link and its rename
-    # CPython calls plain link(2), which does not follow /proc's link to the
-    # file, unless a directory fd is given; then it calls linkat(2) with
-    # AT_SYMLINK_FOLLOW.
-    directory = os.open(os.path.dirname(name) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.link(
-            f"/proc/self/fd/{fd}",
-            os.path.basename(name),
-            dst_dir_fd=directory,
-            follow_symlinks=True,
-        )
-    finally:
-        os.close(directory)
-    return name
-
-
-def _copy(src: int, dst: int, count: int) -> None:
-    """Copies the first ``count`` bytes of ``src`` to the start of ``dst``, in the kernel."""
-    done = 0
-    try:
-        while done < count:
-            copied = os.copy_file_range(src, dst, count - done, done, done)
-            if copied == 0:
-                break
-            done += copied
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-    while done < count:  # no copy_file_range here: through user space
-        chunk = os.pread(src, min(count - done, 1 << 20), done)
-        if not chunk:
-            raise OSError(errno.EIO, f"the published timeline ended at byte {done} of {count}")
-        _pwrite_all(dst, chunk, done)
-        done += len(chunk)
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written

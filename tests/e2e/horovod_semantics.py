@@ -91,12 +91,21 @@ def split_rows(rows: int, parts: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(parts)]
 
 
+_SETS: list[tuple[str, object, list[int]]] = []
+
+
 def process_sets() -> list[tuple[str, object, list[int]]]:
-    """The global set, and a set of ranks {0, last} (every rank must add it)."""
-    size = hvd.size()
-    ranks = [0, size - 1] if size > 2 else list(range(size))
-    added = hvd.add_process_set(ranks)
-    return [("global", hvd.global_process_set, list(range(size))), ("set", added, ranks)]
+    """The global set, and a set of ranks {0, last}, added once (every rank must add it).
+
+    At 2 ranks the set is {0}: Horovod refuses a second set with the same
+    ranks, the global set's included.
+    """
+    if not _SETS:
+        size = hvd.size()
+        ranks = [0, size - 1] if size > 2 else [0]
+        _SETS.extend([("global", hvd.global_process_set, list(range(size))),
+                      ("set", hvd.add_process_set(ranks), ranks)])
+    return _SETS
 
 
 class Checker:

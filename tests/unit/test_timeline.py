@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hora.timeline import NULL_TIMELINE, NullTimeline, Timeline
+from hora.timeline import NULL_TIMELINE, NullTimeline, Timeline, row_name
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -106,9 +106,10 @@ def test_events_use_horovods_names_and_nest_per_tensor_row(tmp_path):
     assert process == [
         {"name": "process_name", "ph": "M", "pid": 3, "tid": 0, "args": {"name": "rank 3"}}
     ]
-    assert sorted(row_names(events).values()) == ["gathered", "grad.weight"]
+    # Horovod's row names: the collective, then the tensor's name.
+    assert sorted(row_names(events).values()) == ["allgather.gathered", "allreduce.grad.weight"]
     by_row = rows(events)
-    assert by_row["grad.weight"] == [
+    assert by_row["allreduce.grad.weight"] == [
         ("B", "NEGOTIATE_ALLREDUCE"), ("E", "NEGOTIATE_ALLREDUCE"),
         ("B", "ALLREDUCE"),
         ("B", "QUEUE"), ("E", "QUEUE"),
@@ -117,7 +118,7 @@ def test_events_use_horovods_names_and_nest_per_tensor_row(tmp_path):
         ("B", "MEMCPY_OUT_FUSION_BUFFER"), ("E", "MEMCPY_OUT_FUSION_BUFFER"),
         ("E", "ALLREDUCE"),
     ]  # fmt: skip
-    assert by_row["gathered"] == [
+    assert by_row["allgather.gathered"] == [
         ("B", "NEGOTIATE_ALLGATHER"), ("E", "NEGOTIATE_ALLGATHER"),
         ("B", "ALLGATHER"), ("B", "GLOO_ALLGATHER"), ("E", "GLOO_ALLGATHER"),
         ("E", "ALLGATHER"),
@@ -144,12 +145,34 @@ def test_every_op_has_its_negotiate_and_top_level_names(tmp_path):
     by_row = rows(load(path))
     for op in ops:
         op = getattr(op, "name", op)
-        assert by_row[op.lower()] == [
+        assert by_row[f"{op.lower()}.{op.lower()}"] == [
             ("B", f"NEGOTIATE_{op}"),
             ("E", f"NEGOTIATE_{op}"),
             ("B", op),
             ("E", op),
         ]
+
+
+@pytest.mark.unit
+def test_rows_carry_horovods_tensor_names(tmp_path):
+    # Horovod's torch layer names a tensor <collective>.<name> (grouped ones
+    # grouped_<collective>.<name>_<i>of<n>); hora's own generated names and the
+    # optimizer's allreduce.<parameter> already have that form and stay.
+    assert row_name("fc.weight", "ALLREDUCE") == "allreduce.fc.weight"
+    assert row_name("allreduce.fc.weight", "ALLREDUCE") == "allreduce.fc.weight"
+    assert row_name("allreduce.noname.3", "ALLREDUCE") == "allreduce.noname.3"
+    assert row_name("grouped_allreduce.noname.1.0", "ALLREDUCE") == \
+        "grouped_allreduce.noname.1.0"
+    assert row_name("allreduce.x", "ALLGATHER") == "allgather.allreduce.x"
+    for op in ("ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER"):
+        assert row_name("t", op) == f"{op.lower()}.t"
+    path = tmp_path / "t.json"
+    with Timeline(path, rank=0) as tl:
+        tl.start("cached", "ALLREDUCE")  # a cached tensor's row begins at its start
+        tl.end("cached")
+        tl.negotiate_start("ids", "ALLGATHER")
+        tl.negotiate_end("ids")
+    assert sorted(row_names(load(path)).values()) == ["allgather.ids", "allreduce.cached"]
 
 
 @pytest.mark.unit
@@ -179,13 +202,13 @@ def test_calls_out_of_order_still_give_balanced_rows(tmp_path):
     events = load(path)
     assert_balanced(events)
     by_row = rows(events)
-    assert by_row["a"] == [
+    assert by_row["allreduce.a"] == [
         ("B", "NEGOTIATE_ALLREDUCE"), ("E", "NEGOTIATE_ALLREDUCE"),
         ("B", "ALLREDUCE"), ("B", "QUEUE"), ("E", "QUEUE"),
         ("B", "GLOO_ALLREDUCE"), ("E", "GLOO_ALLREDUCE"), ("E", "ALLREDUCE"),
     ]  # fmt: skip
     assert by_row.get("b", []) == []
-    assert by_row["c"] == [
+    assert by_row["broadcast.c"] == [
         ("B", "BROADCAST"),
         ("B", "GLOO_BROADCAST"),
         ("E", "GLOO_BROADCAST"),
@@ -199,7 +222,7 @@ def test_tensor_names_are_escaped(tmp_path):
     weird = 'layer "1"\\bias\n\u00e9'
     with Timeline(path, rank=0) as tl:
         one_allreduce(tl, weird)
-    assert list(rows(load(path))) == [weird]
+    assert list(rows(load(path))) == [f"allreduce.{weird}"]
 
 
 @pytest.mark.unit
@@ -312,7 +335,7 @@ def test_callers_outrunning_the_writer_are_dropped_and_rows_stay_balanced(tmp_pa
     assert tl.dropped == 10 * 12 - 7
     events = load(path)
     assert_balanced(events)
-    assert rows(events)["g0"][:3] == [
+    assert rows(events)["allreduce.g0"][:3] == [
         ("B", "NEGOTIATE_ALLREDUCE"),
         ("E", "NEGOTIATE_ALLREDUCE"),
         ("B", "ALLREDUCE"),
@@ -448,5 +471,5 @@ def test_without_o_tmpfile_a_hidden_temporary_name_is_used_and_removed(tmp_path,
     path = tmp_path / "t.json"
     with Timeline(path, rank=3, flush_interval=FAST) as tl:
         one_allreduce(tl, "grad")
-    assert ("B", "GLOO_ALLREDUCE") in rows(load(path))["grad"]
+    assert ("B", "GLOO_ALLREDUCE") in rows(load(path))["allreduce.grad"]
     assert [p.name for p in tmp_path.iterdir()] == ["t.json"]

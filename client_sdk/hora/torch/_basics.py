@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -136,6 +136,26 @@ def _process_set_problem(process_set: ProcessSet) -> str | None:
     ranks, world = process_set.ranks, size()
     if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world for r in ranks):
         return f"process set ranks {ranks} must be distinct ranks in [0, {world})"
+    # Horovod keeps one set per list of ranks, the global set's included.
+    same = _set_with_ranks(ranks)
+    if same is not None:
+        return (f"attempted to add a duplicate process set: ranks {ranks} are those of "
+                f"process set {same} already")
+    return None
+
+
+def _set_with_ranks(ranks: list[int]) -> int | None:
+    """The id of the set (0: the global set) already added with exactly ``ranks``."""
+    if ranks == list(range(size())):
+        return 0
+    runtime = _runtime.current()
+    for set_id in range(1, runtime.next_process_set_id):
+        try:
+            group = runtime.engine.process_set(set_id)
+        except ValueError:  # removed since
+            continue
+        if list(group.ranks) == ranks:
+            return set_id
     return None
 
 
@@ -261,6 +281,31 @@ def ddl_built() -> bool:
 
 # -- handles -----------------------------------------------------------------
 
+
+class CallableHandle:
+    """A handle that is called for its result, as ``sparse_allreduce_async``'s is in Horovod.
+
+    ``handle()`` waits and returns the result (the same one if called again);
+    :func:`synchronize` and :func:`poll` accept it too.
+    """
+
+    __slots__ = ("_result", "_done", "_wait", "_poll")
+
+    def __init__(self, wait: Callable[[], Any], poll: Callable[[], bool]) -> None:
+        self._wait, self._poll = wait, poll
+        self._done = False
+        self._result: Any = None
+
+    def __call__(self) -> Any:
+        if not self._done:
+            self._result = self._wait()
+            self._done = True
+        return self._result
+
+    def done(self) -> bool:
+        return self._done or self._poll()
+
+
 # Module-wide, as in Horovod: a handle outlives the runtime that made it.
 _handles = HandleMap()
 
@@ -277,18 +322,22 @@ def _lookup(handle: int) -> Handle:
     return found
 
 
-def poll(handle: int) -> bool:
+def poll(handle: int | CallableHandle) -> bool:
     """True when the collective behind ``handle`` has finished (or failed)."""
+    if isinstance(handle, CallableHandle):
+        return handle.done()
     return _lookup(handle).done()
 
 
-def synchronize(handle: int) -> Any:
+def synchronize(handle: int | CallableHandle) -> Any:
     """Waits for the collective behind ``handle`` and returns its result.
 
     Raises:
         HorovodInternalError: the collective failed on this rank (a peer was
             lost, ranks disagreed on the tensor, the data plane broke).
     """
+    if isinstance(handle, CallableHandle):
+        return handle()
     entry = _lookup(handle)
     runtime = _runtime.current() if _runtime.is_initialized() else None
     try:

@@ -85,6 +85,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_of = {p: gi for gi, members in enumerate(self._groups) for p in members}
         self._ready: dict[int, set[torch.Tensor]] = {}
         self._pending: dict[torch.Tensor, _Pending] = {}
+        # Sparse gradients this step reduces as dense ones (sparse_as_dense):
+        # their sparse_dim, to make them sparse again once reduced.
+        self._densified: dict[torch.Tensor, int] = {}
         self._delay = {p: backward_passes_per_step for p in all_params}
         self._synchronized = False
         self._should_synchronize = True
@@ -101,6 +104,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Forgets the step in progress: handles, ready-sets, delay counters."""
         self._pending.clear()
         self._ready.clear()
+        self._densified.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
         self._synchronized = False
@@ -137,7 +141,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # A parameter unused in this forward pass still takes part, so
             # that every rank runs the same allreduces.
             p.grad = torch.zeros_like(p)
+            if self._sparse_as_dense and p in self._sparse:
+                self._densified[p] = 1
         elif p.grad.is_sparse and self._sparse_as_dense:
+            # Reduced dense, handed back sparse (as Horovod does): an optimizer
+            # such as SparseAdam takes sparse gradients only.
+            self._sparse.add(p)
+            self._densified[p] = p.grad.sparse_dim()
             p.grad = p.grad.to_dense()
         return p.grad
 
@@ -186,7 +196,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 torch.empty(1, 0, dtype=torch.int64, device=p.device),
                 p.new_empty(0, *p.shape[1:]), p.shape, check_invariants=False)
         grad = p.grad.coalesce()
-        name = f"sparse.{self._names[p]}"
+        # Horovod's names: the allgathers of <parameter>.values and .indices.
+        name = self._names[p]
         values = allgather_async(grad._values(), name=f"{name}.values",
                                  process_set=self._process_set)
         indices = allgather_async(grad._indices().t().contiguous(), name=f"{name}.indices",
@@ -256,6 +267,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if ctx is not None or out is not p.grad:
                 assert p.grad is not None
                 p.grad.copy_(self._compression.decompress(out, ctx))
+            sparse_dim = self._densified.pop(p, None)
+            if sparse_dim is not None:
+                assert p.grad is not None
+                p.grad = p.grad.to_sparse(sparse_dim)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sized
+import random
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
-import torch
 import torch.utils.data
 
 from ..mpi_ops import rank, size
@@ -17,20 +17,26 @@ __all__ = ["ElasticSampler"]
 class ElasticSampler(torch.utils.data.Sampler):
     """Partitions a dataset among the current ranks, skipping what was already processed.
 
-    Record what each step consumed with :meth:`record_batch` (or
-    :meth:`record_indices`) before ``state.commit()``; after a reset the
-    remaining samples of the epoch are spread over the new world, so no
-    committed sample is seen twice and none is skipped.
+    Horovod 0.28.1's sampler, partition for partition: each epoch orders the
+    dataset with ``random.Random(seed + epoch).shuffle``; the first
+    ``processed_num`` samples of that order are done, and rank ``r`` of ``n``
+    takes every ``n``-th remaining sample from ``r`` (padded by wrapping
+    around so that every rank has ``ceil(remaining / n)``).
 
-    Every rank knows the whole partition (it is computed the same way
-    everywhere), so :meth:`record_batch` records the batch of every rank,
-    not only its own: when a worker dies between its step and its commit,
-    the survivors' record still has its samples.
+    In the training loop call :meth:`record_batch` after each batch, before
+    ``state.commit()``: it counts the batch of every rank (``batch_size *
+    num_replicas`` samples), which are exactly the next samples of the order.
+    After a reset the samples left are spread over the new world, so no
+    committed sample is seen twice and none is skipped. Call :meth:`set_epoch`
+    at the end of an epoch.
+
+    The older interface (``record_indices``, ``get_indices`` and the set
+    ``processed_indices``) still works: recorded indices are skipped too.
 
     Args:
-        dataset: the dataset to sample from.
+        dataset: the dataset to sample from (its length must not change).
         shuffle: shuffle each epoch (the same permutation on every rank).
-        seed: the shuffle seed; the epoch is added to it.
+        seed: the shuffle seed, the same on every rank; the epoch is added to it.
     """
 
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0) -> None:
@@ -38,60 +44,70 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
+        self.processed_num = 0
         self.processed_indices: set[int] = set()
+        self.num_replicas = 0
+        self.rank = 0
+        self.remaining_indices: list[int] = []
+        self.num_samples = 0
+        self.total_size = 0
         self.indices: list[int] = []
-        self._shares: list[list[int]] = []
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
-        """Starts epoch ``epoch``: nothing processed yet."""
+        """Starts epoch ``epoch`` with nothing processed (call it when an epoch ends)."""
         self.epoch = epoch
+        self.processed_num = 0
         self.processed_indices = set()
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Marks the samples of batch ``batch_idx`` of every rank as processed."""
-        start = batch_idx * batch_size
-        for share in self._shares:
-            self.record_indices(share[start:start + batch_size])
+        """Counts one batch of ``batch_size`` samples on every rank as processed."""
+        del batch_idx  # Horovod's signature; batches are counted in order
+        self.processed_num += batch_size * self.num_replicas
 
-    def record_indices(self, indices: Any) -> None:
+    def record_indices(self, indices: Iterable[Any]) -> None:
+        """Marks dataset indices as processed (the interface before ``record_batch``)."""
         self.processed_indices.update(int(i) for i in indices)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
-        """The dataset indices of local batch ``batch_idx`` in the current iteration."""
+        """The dataset indices of this rank's batch ``batch_idx`` in the current iteration."""
         start = batch_idx * batch_size
         return self.indices[start:start + batch_size]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
+        """Horovod's keys, ``epoch`` and ``processed_num`` (and recorded indices, if any)."""
+        state: dict[str, Any] = {"epoch": self.epoch, "processed_num": self.processed_num}
+        if self.processed_indices:
+            state["processed_indices"] = set(self.processed_indices)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a :meth:`state_dict` (also one saved with only ``processed_indices``)."""
         self.epoch = state_dict["epoch"]
-        self.processed_indices = set(state_dict["processed_indices"])
+        self.processed_num = int(state_dict.get("processed_num", 0))
+        self.processed_indices = set(state_dict.get("processed_indices", ()))
         self.reset()
 
     def reset(self) -> None:
-        """Recomputes every rank's share of what remains, for the current world.
-
-        Done once per reset, not per batch: record_batch only slices the shares.
-        """
+        """Partitions what is left of the epoch among the current world's ranks."""
         self.num_replicas = size()
         self.rank = rank()
         order = list(range(len(self.dataset)))
         if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = [order[i] for i in torch.randperm(len(order), generator=gen).tolist()]
-        self.remaining_indices = [i for i in order if i not in self.processed_indices]
-        self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
+            random.Random(self.seed + self.epoch).shuffle(order)
+        remaining = order[self.processed_num:]
+        if self.processed_indices:
+            remaining = [i for i in remaining if i not in self.processed_indices]
+        self.remaining_indices = remaining
+        self.num_samples = int(math.ceil(len(remaining) / self.num_replicas))
         self.total_size = self.num_samples * self.num_replicas
-        padded = list(self.remaining_indices)
-        # Pad so every rank gets the same number of samples (same number of steps).
+        padded = list(remaining)
+        # Wrap around so that every rank has the same number of samples (Horovod
+        # wraps once; more only when fewer samples than ranks are left).
         while padded and len(padded) < self.total_size:
             padded += padded[:self.total_size - len(padded)]
-        self._shares = [padded[r:self.total_size:self.num_replicas]
-                        for r in range(self.num_replicas)]
-        self.indices = self._shares[self.rank]
+        self.indices = padded[self.rank:self.total_size:self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
