@@ -146,7 +146,8 @@ class ObjectState(State):
 
 
 def run_fn(func: Callable[..., Any], reset: Callable[[], None],
-           reset_limit: Callable[[], int | None] = lambda: None) -> Callable[..., Any]:
+           reset_limit: Callable[[], int | None] = lambda: None,
+           on_failure: Callable[[], None] = lambda: None) -> Callable[..., Any]:
     """Wraps ``func(state, ...)`` in the elastic retry loop.
 
     Args:
@@ -154,6 +155,8 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None],
         reset: leaves the old world and joins the next one.
         reset_limit: returns how many resets are allowed before giving up (None: no
             limit); asked when a reset is due, from the joined world's settings.
+        on_failure: called when an exception other than a reset leaves
+            ``func``, before it propagates (the worker is failing).
     """
 
     @functools.wraps(func)
@@ -169,6 +172,7 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None],
             except TensorMismatchError:
                 # Ranks that disagree are a bug in the script, and the world is
                 # intact: a retry would only repeat it.
+                on_failure()
                 raise
             except HorovodInternalError as exc:
                 log.warning("collective failed (%s); restoring the last commit", exc)
@@ -177,6 +181,9 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None],
             except HostsUpdatedInterrupt as exc:
                 log.info("hosts changed; re-joining without a restore")
                 skip_sync = exc.skip_sync
+            except Exception:
+                on_failure()
+                raise
             resets += 1
             limit = reset_limit()
             if limit is not None and resets > limit:

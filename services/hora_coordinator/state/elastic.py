@@ -81,6 +81,8 @@ def join_elastic(
     retry = worker_id in rnd.joiners
     rnd.joiners.pop(worker_id, None)  # a retry of a pending Join replaces it
     joiner = rnd.joiners[worker_id] = new_joiner(job, request, now)
+    if worker_id not in job.by_worker:
+        rnd.launched = max(rnd.launched, request.expected_size)
     effects: list[Effect] = []
     if retry:
         return maybe_form(job, now)
@@ -124,7 +126,10 @@ def end_generation(job: Job, now: float, why: str) -> list[Effect]:
     if rnd is None:
         rnd = job.round = Round(job.config or JobConfig(size=len(job.members)))
     rnd.previous, rnd.expected = previous, set(previous)
-    rnd.opened_at, rnd.wait_for, rnd.follows_generation = now, 0, True
+    # Newcomers launched together (horarun starts a new host's workers at
+    # once) join one generation, not one each.
+    waits = job.elastic.clamp(rnd.launched) if rnd.launched and job.elastic else 0
+    rnd.opened_at, rnd.wait_for, rnd.follows_generation = now, waits, True
     newcomers = len(rnd.joiners)
     effects.append(
         Log(
@@ -161,7 +166,8 @@ def check_round(
 
     A member of the ended generation that has not re-joined within its lease is
     lost and no longer expected. A first round stops waiting for the launched
-    world size one lease after it opened. A round that still lacks min_size
+    world size one lease after it opened, once half a lease has passed since
+    the last worker arrived. A round that still lacks min_size
     joiners ``elastic.timeout_s`` after it opened fails the job.
     """
     effects: list[Effect] = []
@@ -174,7 +180,11 @@ def check_round(
             job, rnd, member, f"lease expired (no heartbeat for {silent:.1f} s)", now))
     waited = now - rnd.opened_at
     if rnd.wait_for and waited > lease_s:
-        rnd.wait_for = 0
+        # Workers started together arrive over a while (each imports its
+        # framework): keep waiting while they still come.
+        last = max((j.joined_at for j in rnd.joiners.values()), default=rnd.opened_at)
+        if now - last > lease_s / 2:
+            rnd.wait_for = 0
     came = len(rnd.joiners)
     if came < elastic.min_size and waited > elastic.timeout_s:
         failure = (
