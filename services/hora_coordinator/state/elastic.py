@@ -25,12 +25,20 @@ from .leases import expired
 from .process_sets import abandon_set_calls
 
 __all__ = [
+    "NEWCOMER_GATHER_LEASES",
+    "announce_newcomers",
+    "check_newcomers",
     "check_round",
     "elastic_bounds_of",
     "end_generation",
     "join_elastic",
     "lose_before_rejoining",
 ]
+
+
+# Leases newcomers launched together may take to all arrive (each imports its
+# framework) before the running generation is told of those that came.
+NEWCOMER_GATHER_LEASES = 5
 
 
 def elastic_bounds_of(job: Job, request: JoinRequest) -> ElasticBounds | None:
@@ -96,17 +104,49 @@ def join_elastic(
         text += f" (rank {old_rank} of generation {job.generation})"
     record(job, now, "join", text, joiner)
     if job.phase is JobPhase.RUNNING and elastic.below_max(len(job.members)):
-        job.host_update_epoch += 1
-        job.removals_only = False
-        message = (
-            f"worker {worker_id} (host {request.host}) waits to join running generation "
-            f"{job.generation} of {len(job.members)} member(s); host update epoch "
-            f"{job.host_update_epoch}"
-        )
-        record(job, now, "join_waiting", message, joiner)
-        effects.append(Log(logging.INFO, f"job '{job.job_id}': {message}"))
+        newcomers = sum(1 for w in rnd.joiners if w not in job.by_worker)
+        if len(job.members) + newcomers >= elastic.clamp(rnd.launched):
+            effects.extend(announce_newcomers(job, now))
+        elif rnd.gathering_since is None:
+            # Launched with others still on their way: tell the running
+            # generation once they are all here (one reset for all of them),
+            # or when waiting for them has taken long enough (check_newcomers).
+            rnd.gathering_since = now
     effects.extend(maybe_form(job, now))
     return effects
+
+
+def announce_newcomers(job: Job, now: float) -> list[Effect]:
+    """Tells the running generation that newcomers wait (a new host update epoch:
+    every member interrupts at its next commit)."""
+    rnd = job.round
+    if rnd is None or job.phase is not JobPhase.RUNNING:
+        return []
+    rnd.gathering_since = None
+    waiting = [j for w, j in rnd.joiners.items() if w not in job.by_worker]
+    if not waiting:
+        return []
+    job.host_update_epoch += 1
+    job.removals_only = False
+    hosts = ", ".join(sorted({j.host for j in waiting}))
+    message = (
+        f"{len(waiting)} worker(s) (host {hosts}) wait to join running generation "
+        f"{job.generation} of {len(job.members)} member(s); host update epoch "
+        f"{job.host_update_epoch}"
+    )
+    record(job, now, "join_waiting", message, waiting[-1])
+    return [Log(logging.INFO, f"job '{job.job_id}': {message}")]
+
+
+def check_newcomers(job: Job, now: float, lease_s: float) -> list[Effect]:
+    """Stops waiting for newcomers' companions after :data:`NEWCOMER_GATHER_LEASES`
+    leases: the running generation is told of the newcomers that came."""
+    rnd = job.round
+    if rnd is None or rnd.gathering_since is None:
+        return []
+    if now - rnd.gathering_since < NEWCOMER_GATHER_LEASES * lease_s:
+        return []
+    return announce_newcomers(job, now)
 
 
 def end_generation(job: Job, now: float, why: str) -> list[Effect]:

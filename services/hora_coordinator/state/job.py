@@ -148,6 +148,10 @@ class Round:
     # launched for (their expected_size); the round that follows a generation
     # waits for it as the first round waits for the launched size.
     launched: int = 0
+    # Elastic only, while a generation runs: since when newcomers here wait
+    # for others launched with them before the running generation is told
+    # (None: told already, or nobody waits).
+    gathering_since: float | None = None
     # True for the round that follows an ended generation (kept while empty).
     follows_generation: bool = False
 
