@@ -64,9 +64,9 @@ import random
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass
 
+from .elastic_actions import ElasticPolicy, ReportEvent, StartWorker, cooldown_after
 from .hosts import HostSlots, SlotInfo, assign_ranks
 from .supervisor import Finish, Say, StopWorker, describe_exit, exit_code_of, plural
 
@@ -83,60 +83,6 @@ __all__ = [
 
 # Exit code of an elastic job that could not keep min_np workers.
 ELASTIC_FAILURE = 1
-
-
-@dataclass(frozen=True)
-class ElasticPolicy:
-    """The limits an elastic job runs under.
-
-    Attributes:
-        num_proc: workers to start with.
-        min_np: fewest workers the job may run with.
-        max_np: most workers it may run with (None: no limit).
-        elastic_timeout: how long it may wait for, or stay below, ``min_np``;
-            also how long the others get to finish once one has.
-        cooldown_range: ``(MIN, MAX)`` of a blacklisted host's cooldown, or
-            None to blacklist for good.
-        reset_limit: resets the job may go through (None: no limit).
-    """
-
-    num_proc: int
-    min_np: int
-    max_np: int | None = None
-    elastic_timeout: timedelta = timedelta(seconds=600)
-    cooldown_range: tuple[timedelta, timedelta] | None = None
-    reset_limit: int | None = None
-
-
-@dataclass(frozen=True)
-class StartWorker:
-    """Start a worker on ``host``'s slot ``slot``.
-
-    ``announce`` is False for the workers of the initial start, which are
-    not news; True for replacements and workers on new hosts. ``placement``
-    is the slot's place in the assignment the worker starts in (None only
-    where a caller builds one by hand).
-    """
-
-    worker_id: int
-    host: str
-    slot: int
-    announce: bool = False
-    placement: SlotInfo | None = field(default=None, compare=False)
-
-    @property
-    def label(self) -> str:
-        """``host:slot``, what prefixes the worker's output."""
-        return f"{self.host}:{self.slot}"
-
-
-@dataclass(frozen=True)
-class ReportEvent:
-    """Record an event in the job's event log at the coordinator."""
-
-    kind: str
-    host: str
-    message: str
 
 
 Action = StartWorker | StopWorker | Say | ReportEvent | Finish
@@ -167,20 +113,6 @@ class _HostRecord:
     blacklisted_until: float | None = None
     # The last cooldown drawn, in seconds.
     cooldown: float = 0.0
-
-
-# Horovod's bounds on --blacklist-cooldown-range, in seconds.
-COOLDOWN_FLOOR = 1.0
-COOLDOWN_CEILING = 3600.0
-
-
-def cooldown_after(failures: int, low: float, high: float, draw: float) -> float:
-    """Seconds a host sits out after its ``failures``-th failure (1 for the first).
-
-    Horovod's backoff: ``low * 2**failures`` plus ``draw * low`` (``draw`` in
-    ``[0, 1)``), held within ``[low, high]``.
-    """
-    return max(low, min(high, low * 2 ** failures + draw * low))
 
 
 class ElasticPlanner:
