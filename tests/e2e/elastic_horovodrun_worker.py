@@ -6,7 +6,8 @@
 Written as a Horovod user writes one (``import horovod.torch as hvd``, the
 start rank from ``HOROVOD_RANK``), after the script of Horovod's own elastic
 integration tests: rank 0 appends one JSON line per epoch to LOGFILE (epoch,
-size, start rank, host, rendezvous count), and the test's discovery script
+size, start rank, host, rendezvous count, and every rank's start rank and
+host in rank order), and the test's discovery script
 reads how many lines there are to know which hosts to offer next.
 
 ``--exit-at E R``: the worker whose start rank is R raises at the first
@@ -60,10 +61,13 @@ def train(state):
             optimizer.step()
             state.batch += 1
             state.commit()
+        # Every rank's (start rank, host), by rank: hvd.rank() as the coordinator
+        # numbered this generation.
+        world = hvd.allgather_object([start_rank, hostname])
         if hvd.rank() == 0:
             line = {"epoch": state.epoch, "size": hvd.size(), "rank": hvd.rank(),
                     "start_rank": start_rank, "hostname": hostname,
-                    "rendezvous": state.rendezvous, "placement": placement}
+                    "rendezvous": state.rendezvous, "placement": placement, "world": world}
             with open(args.logfile, "a") as f:
                 f.write(json.dumps(line) + "\n")
         state.epoch += 1

@@ -66,6 +66,15 @@ def summary(epochs: list[dict]) -> list[tuple[int, int, str, int]]:
     return [(e["size"], e["start_rank"], e["hostname"], e["rendezvous"]) for e in epochs]
 
 
+LOCAL = [[0, "localhost"], [1, "localhost"]]
+OTHER = [[2, "127.0.0.1"], [3, "127.0.0.1"]]
+
+
+def worlds(epochs: list[dict]) -> list[list[list]]:
+    """Every rank's [start rank, host] by hvd.rank(), per epoch."""
+    return [e["world"] for e in epochs]
+
+
 def explain(proc: subprocess.CompletedProcess[str], epochs: list[dict]) -> str:
     return f"exit {proc.returncode}\nepochs {epochs}\n{proc.stderr[-6000:]}"
 
@@ -85,6 +94,9 @@ def test_initial_world_takes_every_slot_up_to_max_num_proc(tmp_path: Path) -> No
     # 127.0.0.1's first slot: rank 2 of 4, second host in the cross ranks.
     assert epochs[1]["placement"] == {"size": "4", "local_rank": "0", "local_size": "2",
                                       "cross_rank": "1", "cross_size": "2"}
+    # hvd.rank() as Horovod numbers it: start ranks in the first world, the
+    # surviving host's workers first after the failure.
+    assert worlds(epochs) == [LOCAL + OTHER, OTHER, OTHER]
     assert "blacklisting localhost and killing its other worker" in proc.stderr
     assert proc.stderr.count("fails at epoch 1") == 1, "only start rank 0 fails"
 
@@ -101,6 +113,8 @@ def test_hosts_added_and_removed_within_the_reset_limit(tmp_path: Path) -> None:
     assert proc.returncode == 0, explain(proc, epochs)
     assert summary(epochs) == [(2, 0, "localhost", 1), (4, 0, "localhost", 2),
                                (2, 2, "127.0.0.1", 3)], explain(proc, epochs)
+    # The added host's workers started as ranks 2 and 3 of 4 and keep them.
+    assert worlds(epochs) == [LOCAL, LOCAL + OTHER, OTHER]
 
 
 @pytest.mark.timeout(170)
@@ -126,5 +140,7 @@ def test_a_blacklisted_host_comes_back_after_its_cooldown(tmp_path: Path) -> Non
     assert proc.returncode == 0, explain(proc, epochs)
     assert summary(epochs) == [(4, 0, "localhost", 1), (2, 2, "127.0.0.1", 2),
                                (4, 2, "127.0.0.1", 3)], explain(proc, epochs)
+    # The host is back last in the order: its new workers start as ranks 2 and 3.
+    assert worlds(epochs) == [LOCAL + OTHER, OTHER, OTHER + [[2, "localhost"], [3, "localhost"]]]
     assert "blacklisting localhost for 2.0 s" in proc.stderr, proc.stderr[-4000:]
     assert "host localhost is back after its 2.0 s cooldown" in proc.stderr

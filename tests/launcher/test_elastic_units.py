@@ -293,7 +293,7 @@ def test_initial_start_times_out() -> None:
     assert planner.tick() == []
     clock.advance(0.1)
     assert planner.tick() == [
-        Say("elastic job needs 2 slots to start; discovery offered 1 usable slot(s) "
+        Say("elastic job needs at least 2 workers; discovery offered 1 usable slot(s) "
             "within 10 s"),
         Finish(1)]
     assert planner.done and planner.tick() == []

@@ -395,7 +395,7 @@ class ElasticPlanner:
             return self._fill(announce=False)
         if now - self._started_at >= self._timeout:
             self._phase = _Phase.DONE
-            return [Say(f"elastic job needs {self._policy.num_proc} slots to start; "
+            return [Say(f"elastic job needs at least {self._policy.num_proc} workers; "
                         f"discovery offered {usable} usable slot(s) within "
                         f"{self._timeout:g} s"),
                     Finish(ELASTIC_FAILURE)]
