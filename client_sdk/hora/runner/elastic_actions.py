@@ -16,7 +16,8 @@ class ElasticPolicy:
     """The limits an elastic job runs under.
 
     Attributes:
-        num_proc: workers to start with.
+        num_proc: usable slots to wait for before the first workers start
+            (then every usable slot up to ``max_np`` gets one, as in Horovod).
         min_np: fewest workers the job may run with.
         max_np: most workers it may run with (None: no limit).
         elastic_timeout: how long it may wait for, or stay below, ``min_np``;
