@@ -36,8 +36,10 @@ __all__ = [
 ]
 
 
-# Leases newcomers launched together may take to all arrive (each imports its
-# framework) before the running generation is told of those that came.
+# Leases workers launched together may take to all arrive (each imports its
+# framework): how long a newcomer waits for its companions before the running
+# generation is told of those that came, and how long a round waiting for its
+# launched size waits after the last arrival.
 NEWCOMER_GATHER_LEASES = 5
 
 
@@ -205,9 +207,10 @@ def check_round(
     """An elastic round's deadlines: leases of members awaited, settling, elastic timeout.
 
     A member of the ended generation that has not re-joined within its lease is
-    lost and no longer expected. A first round stops waiting for the launched
-    world size one lease after it opened, once half a lease has passed since
-    the last worker arrived. A round that still lacks min_size
+    lost and no longer expected. A first round (or one whose newcomers were
+    launched for a larger world) stops waiting for the launched world size
+    once :data:`NEWCOMER_GATHER_LEASES` leases have passed without a worker
+    arriving (and at least one lease after it opened). A round that still lacks min_size
     joiners ``elastic.timeout_s`` after it opened fails the job.
     """
     effects: list[Effect] = []
@@ -221,9 +224,10 @@ def check_round(
     waited = now - rnd.opened_at
     if rnd.wait_for and waited > lease_s:
         # Workers started together arrive over a while (each imports its
-        # framework): keep waiting while they still come.
+        # framework, on a machine that may be busy): keep waiting while they
+        # still come.
         last = max((j.joined_at for j in rnd.joiners.values()), default=rnd.opened_at)
-        if now - last > lease_s / 2:
+        if now - last > NEWCOMER_GATHER_LEASES * lease_s:
             rnd.wait_for = 0
     came = len(rnd.joiners)
     if came < elastic.min_size and waited > elastic.timeout_s:

@@ -140,9 +140,9 @@ class Round:
     previous: dict[str, int] = field(default_factory=dict)
     expected: set[str] = field(default_factory=set)
     # A first round (or one whose newcomers were launched for a larger world)
-    # waits for this many joiners (the launcher's world size) for one lease,
-    # and while they still arrive, then forms with whoever came (at least
-    # min_size).
+    # waits for this many joiners (the launcher's world size) while they
+    # still arrive (see elastic.check_round), then forms with whoever came
+    # (at least min_size).
     wait_for: int = 0
     # Elastic only: the largest world size the newcomers of this round were
     # launched for (their expected_size); the round that follows a generation
