@@ -32,6 +32,27 @@ def test_only_a_failure_that_leaves_the_loop_is_reported() -> None:
     assert resets == ["reset", "reset"] and failures == ["failed"]
 
 
+def test_the_reset_limit_is_the_jobs_checked_after_re_joining() -> None:
+    generation = [3]  # the world this worker joined had been reset twice already
+    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, epoch=0)
+    calls: list[int] = []
+
+    def train(state: ObjectState) -> None:
+        calls.append(generation[0])
+        raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def reset() -> None:
+        generation[0] += 1
+
+    wrapped = run_fn(train, reset, reset_limit=lambda: 3,
+                     job_resets=lambda: generation[0] - 1)
+    with pytest.raises(HorovodInternalError, match="reset limit 3 exceeded: the job has "
+                                                   "been reset 4 times"):
+        wrapped(state)
+    # Trained in generations 3 and 4 (2 and 3 resets); generation 5 is beyond the limit.
+    assert calls == [3, 4]
+
+
 SCRIPT = """
     import atexit, sys
     from hora import _runtime

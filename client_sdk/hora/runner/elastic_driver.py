@@ -150,9 +150,10 @@ class ElasticDriver:
     def _exited(self, ended: Exit) -> list[Decision]:
         started_ms = self._started_ms.pop(ended.worker_id, 0)
         failed = ended.returncode != 0
-        if not failed and self._generations is not None and not self._planner.done:
-            # Training finished: first make sure no reset beyond the limit
-            # came in since the last read (rare, so a blocking read is fine).
+        if self._generations is not None and not self._planner.done:
+            # First make sure no reset beyond the limit came in since the last
+            # read: training may have finished in it, or its members stopped
+            # for it (rare, so a blocking read is fine).
             over = self._planner.generation_formed(self._generations.read_now())
             if over:
                 return over
