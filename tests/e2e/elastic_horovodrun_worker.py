@@ -74,7 +74,7 @@ def train(state):
         state.batch = 0
         state.commit()
         want = holds.get(state.epoch - 1)
-        for _ in range(1200):  # counted, not timed: every rank commits as often
+        for _ in range(2400):  # counted, not timed: every rank commits as often
             if want is None or hvd.size() == want:
                 break
             time.sleep(0.05)
