@@ -8,11 +8,15 @@ backends) takes its dependencies as arguments.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import itertools
 import logging
+import os
+import sys
 import threading
 from collections.abc import Iterator
+from types import TracebackType
 
 import torch.distributed as dist
 
@@ -140,6 +144,36 @@ def shutdown(rejoin: bool = False) -> None:
         runtime, _runtime = _runtime, None
     if runtime is not None:
         runtime.close(rejoin=rejoin)
+
+
+def abandon() -> None:
+    """The script is failing out of ``hvd.elastic.run``: if the exception is
+    never caught, leave the job by dying.
+
+    Should it reach the top level, the traceback is printed as always and
+    the process then exits with code 1 at once, without a ``Leave`` and
+    without the usual teardown: its peers, the coordinator and its launcher
+    all learn of the failure in the same instant, when the process is gone.
+    ``horarun`` then ends the failed host's other workers before the others
+    re-form the world, as horovodrun's driver does before its next
+    rendezvous; a graceful leave would let them re-form it while this
+    process was still tearing down. A script that catches the exception
+    keeps its runtime and exits as it likes.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "_hora_abandon", False):
+        return
+
+    def die(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        previous(kind, value, tb)
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
+    die._hora_abandon = True  # type: ignore[attr-defined]
+    sys.excepthook = die
 
 
 atexit.register(shutdown)

@@ -146,7 +146,9 @@ class ObjectState(State):
 
 
 def run_fn(func: Callable[..., Any], reset: Callable[[], None],
-           reset_limit: Callable[[], int | None] = lambda: None) -> Callable[..., Any]:
+           reset_limit: Callable[[], int | None] = lambda: None,
+           on_failure: Callable[[], None] = lambda: None,
+           job_resets: Callable[[], int] | None = None) -> Callable[..., Any]:
     """Wraps ``func(state, ...)`` in the elastic retry loop.
 
     Args:
@@ -154,6 +156,12 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None],
         reset: leaves the old world and joins the next one.
         reset_limit: returns how many resets are allowed before giving up (None: no
             limit); asked when a reset is due, from the joined world's settings.
+        on_failure: called when an exception other than a reset leaves
+            ``func``, before it propagates (the worker is failing).
+        job_resets: the job's resets so far, as the world just joined says
+            (None: count this worker's own). As in Horovod, the limit is the
+            job's: checked after re-joining, so that every member of a
+            generation beyond it stops before training in it.
     """
 
     @functools.wraps(func)
@@ -169,6 +177,7 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None],
             except TensorMismatchError:
                 # Ranks that disagree are a bug in the script, and the world is
                 # intact: a retry would only repeat it.
+                on_failure()
                 raise
             except HorovodInternalError as exc:
                 log.warning("collective failed (%s); restoring the last commit", exc)
@@ -177,12 +186,19 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None],
             except HostsUpdatedInterrupt as exc:
                 log.info("hosts changed; re-joining without a restore")
                 skip_sync = exc.skip_sync
+            except Exception:
+                on_failure()
+                raise
             resets += 1
             limit = reset_limit()
-            if limit is not None and resets > limit:
+            if limit is not None and job_resets is None and resets > limit:
                 raise HorovodInternalError(
                     f"gave up after {limit} reset(s) (HORA_RESET_LIMIT / --reset-limit)")
             reset()
+            if limit is not None and job_resets is not None and job_resets() > limit:
+                raise HorovodInternalError(
+                    f"reset limit {limit} exceeded: the job has been reset {job_resets()} "
+                    f"times (HORA_RESET_LIMIT / --reset-limit)")
             state.on_reset()
 
     return wrapper

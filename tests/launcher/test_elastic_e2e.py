@@ -154,8 +154,11 @@ def test_new_host_gets_a_worker(worker_script: Script, discovery: Discovery, run
         "HORA_COORDINATOR": address,
         "HORA_JOB_ID": "job-grow",
         "HORA_TOKEN": "tok",
-        "HORA_SIZE": "1",
-        "HORA_RANK": "-1",
+        # Horovod's placement of the slot it started in: rank 1 of 2 (the
+        # rank is also its hint to the coordinator, the size the world it
+        # was started for).
+        "HORA_SIZE": "2",
+        "HORA_RANK": "1",
         "HORA_HOSTNAME": "127.0.0.3",
         "HORA_DATA_PLANE_ADDRESS": "127.0.0.3",
         "HORA_MIN_SIZE": "1",
@@ -163,6 +166,12 @@ def test_new_host_gets_a_worker(worker_script: Script, discovery: Discovery, run
         "HORA_ELASTIC_TIMEOUT": "20.0",
         "HORA_RESET_LIMIT": "3",
         "HOROVOD_HOSTNAME": "127.0.0.3",
+        "HOROVOD_RANK": "1",
+        "HOROVOD_SIZE": "2",
+        "HOROVOD_LOCAL_RANK": "0",
+        "HOROVOD_LOCAL_SIZE": "1",
+        "HOROVOD_CROSS_RANK": "1",
+        "HOROVOD_CROSS_SIZE": "2",
     }
     match = re.search(r"^horarun: started worker 127\.0\.0\.3:0 \(pid \d+\)$", stderr, re.M)
     assert match, stderr
@@ -262,15 +271,15 @@ def test_all_workers_succeed_on_a_fixed_host_list(horarun: Run, worker_script: S
                       sys.executable, script])
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == [
-        "[127.0.0.2:0]<stdout>:host 127.0.0.2 rank -1",
-        "[127.0.0.3:0]<stdout>:host 127.0.0.3 rank -1"]
-    assert (logs / "127.0.0.3:0" / "stdout").read_text() == "host 127.0.0.3 rank -1\n"
+        "[127.0.0.2:0]<stdout>:host 127.0.0.2 rank 0",
+        "[127.0.0.3:0]<stdout>:host 127.0.0.3 rank 1"]
+    assert (logs / "127.0.0.3:0" / "stdout").read_text() == "host 127.0.0.3 rank 1\n"
 
 
 @pytest.mark.timeout(30)
 def test_sigint_is_forwarded_to_elastic_workers(worker_script: Script, discovery: Discovery,
                                                 run_dir: Path) -> None:
-    discovery.set_hosts("127.0.0.2:2")
+    discovery.set_hosts("127.0.0.2:1")
     proc = _popen([*NO_COORDINATOR, "--min-np", "1", "-np", "1", "--host-discovery-script",
                    discovery.script, sys.executable, worker_script(WORKER), str(run_dir)])
     pid = _wait_for(run_dir / "127.0.0.2.pid", proc)

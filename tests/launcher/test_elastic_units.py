@@ -28,7 +28,7 @@ from hora.runner.elastic import (
 )
 from hora.runner.elastic_driver import ElasticDriver
 from hora.runner.env import elastic_worker_environment
-from hora.runner.hosts import HostError, HostSlots, parse_discovery_output
+from hora.runner.hosts import HostError, HostSlots, SlotInfo, parse_discovery_output
 from hora.runner.output import WorkerOutput
 from hora.settings import Settings
 
@@ -261,22 +261,29 @@ def test_initial_placement_fills_hosts_in_discovery_order() -> None:
     assert planner.tick() == []  # nothing discovered yet
     assert planner.hosts_discovered(_hosts("b:2,a:1,c:5")) == []
     actions = planner.tick()
-    assert actions == [StartWorker(0, "b", 0), StartWorker(1, "b", 1), StartWorker(2, "a", 0)]
+    # As horovodrun: once -np slots are there, every usable slot up to max_np.
+    assert actions == [StartWorker(0, "b", 0), StartWorker(1, "b", 1), StartWorker(2, "a", 0),
+                       StartWorker(3, "c", 0)]
     assert not any(a.announce for a in actions if isinstance(a, StartWorker))
+    # Each starts with its slot's place in that assignment (HOROVOD_RANK and friends).
+    assert [a.placement for a in actions if isinstance(a, StartWorker)] == [
+        SlotInfo("b", 0, 4, 0, 2, 0, 3), SlotInfo("b", 1, 4, 1, 2, 0, 1),
+        SlotInfo("a", 2, 4, 0, 1, 1, 3), SlotInfo("c", 3, 4, 0, 1, 2, 3)]
     _run(planner, actions)
-    # -np is respected: c's spare slots stay free, nothing more starts.
     assert planner.tick() == []
-    assert planner.active_workers() == 3
+    assert planner.active_workers() == 4
 
 
-def test_initial_start_waits_for_min_np_slots() -> None:
+def test_initial_start_waits_for_np_slots() -> None:
     planner, clock = _planner(num_proc=3, min_np=2)
     planner.hosts_discovered(_hosts("a:1"))
     assert planner.tick() == []
     clock.advance(5)
     planner.hosts_discovered(_hosts("a:1,b:1"))
-    # Enough for min_np though not for -np: start what fits.
-    assert _starts(planner.tick()) == ["a:0", "b:0"]
+    # Enough for min_np though not for -np: horovodrun waits for -np.
+    assert planner.tick() == []
+    planner.hosts_discovered(_hosts("a:1,b:1,c:1"))
+    assert _starts(planner.tick()) == ["a:0", "b:0", "c:0"]
 
 
 def test_initial_start_times_out() -> None:
@@ -324,8 +331,10 @@ def test_blacklisted_host_never_returns_without_cooldown() -> None:
 def test_cooldown_is_drawn_in_range_doubles_and_ends() -> None:
     planner, clock = _planner(num_proc=1, min_np=1, timeout=1000, cooldown=(10, 100), seed=3)
     expected = random.Random(3)
-    first = expected.uniform(10, 100)
-    second = min(100, expected.uniform(10, 100) * 2)
+    # Horovod's backoff: MIN * 2**failures + U(0, 1) * MIN, within [MIN, MAX].
+    first = 10 * 2 + expected.random() * 10
+    second = 10 * 4 + expected.random() * 10
+    assert 20 <= first < 30 and 40 <= second < 50
     planner.hosts_discovered(_hosts("a:1"))
     ids = _run(planner, planner.tick())
     actions = planner.worker_exited(ids["a:0"], 1)
@@ -340,7 +349,7 @@ def test_cooldown_is_drawn_in_range_doubles_and_ends() -> None:
     # The host takes the replacement at once.
     assert actions[2:] == [StartWorker(1, "a", 0, announce=True)]
     _run(planner, actions)
-    # A second failure: a fresh draw, doubled, capped at MAX.
+    # A second failure: twice as long.
     actions = planner.worker_exited(1, 1)
     assert _said(actions)[0].endswith(f"blacklisting a for {second:.1f} s")
     clock.advance(second)
@@ -425,7 +434,7 @@ def test_new_hosts_get_workers_up_to_max_np() -> None:
     planner.hosts_discovered(_hosts("a:2,b:1,c:3"))
     assert _starts(planner.tick()) == ["c:0"]  # the fourth worker; max_np reached
     assert planner.tick() == []
-    assert planner.target == 4
+    assert len(planner.assignment()) == 4
 
 
 def test_stopping_workers_count_against_max_np() -> None:
@@ -525,7 +534,7 @@ def test_supervisor_kills_a_removed_hosts_worker_that_ignores_sigterm(tmp_path: 
     output = WorkerOutput(stdout=out, stderr=err)
     supervisor = ElasticDriver(
         planner, HostPoller(find, interval=0.05, say=output.say),
-        lambda host: {"HOST": host}, [sys.executable, "-c", script],
+        lambda start: {"HOST": start.host}, [sys.executable, "-c", script],
         output=output, grace_period=0.5)
     assert supervisor.run() == 0
     assert "[127.0.0.3:0]<stdout>:stubborn\n" in out.getvalue()

@@ -11,23 +11,30 @@ them.
 
 The rules:
 
-* **Start.** Nothing starts until the hosts offer ``min_np`` usable slots (a
-  usable slot is on a discovered host that is not blacklisted); then
-  ``num_proc`` workers start, or as many as there are usable slots. If
-  ``min_np`` slots do not appear within ``elastic_timeout`` the job fails.
-* **Size.** The planner keeps a target size: ``num_proc`` at first, raised
-  by the slots of every host that appears (or grows) after the start, never
-  above ``max_np``. Whenever fewer workers run than the target, free usable
-  slots get workers, hosts in discovery order, lowest slot first. So a
-  failed worker is replaced when a slot is free, a new host gets workers on
-  its slots up to ``max_np``, and a host back from its cooldown takes
-  replacements but does not by itself grow the job.
+As in Horovod 0.28.1 (``horovod/runner/elastic/driver.py`` and
+``discovery.py``):
+
+* **Start.** Nothing starts until the hosts offer ``num_proc`` usable slots
+  (a usable slot is on a discovered host that is not blacklisted); then
+  every usable slot gets a worker, up to ``max_np``. If ``num_proc`` slots
+  do not appear within ``elastic_timeout`` the job fails.
+* **Assignment.** Usable hosts are kept in an assignment order: hosts that
+  stay keep their place, hosts that appear (or come back from a cooldown)
+  are appended in discovery order, and a host that is blacklisted or no
+  longer discovered leaves it. Ranks go host by host in that order, slot by
+  slot, up to ``max_np``; each worker is started with the placement of its
+  slot in the assignment of that moment (``HOROVOD_RANK``, ``HOROVOD_SIZE``,
+  local and cross ranks: :class:`.hosts.SlotInfo`), which it keeps for life
+  as its start rank. Every assigned slot without a worker gets one.
 * **Failure.** A worker that exits non-zero before training has finished
-  blacklists its host: no new workers there (the other workers keep
-  running; the coordinator opens a new generation without the dead one).
-  With a cooldown range the host comes back after a delay drawn uniformly
-  in ``[MIN, MAX]``, doubled for each earlier failure of that host and
-  capped at ``MAX``; without one it is blacklisted for good.
+  blacklists its host: the host's other workers are stopped and it gets no
+  new workers (the coordinator opens a new generation without them). With
+  a cooldown range ``(MIN, MAX)`` the host comes back after
+  ``MIN * 2**n + U(0, 1) * MIN`` seconds, ``n`` its number of failures so
+  far, held within ``[MIN, MAX]``; without one it is blacklisted for good.
+* **Reset limit.** Every generation after the first is a reset (a host
+  added, removed or failed); when the coordinator forms one more than
+  ``reset_limit`` allows, the job fails, stopping its workers.
 * **Removal.** Workers on a host that discovery no longer lists (or on a
   slot beyond a host's new slot count) are stopped; their exit is not a
   failure.
@@ -54,12 +61,13 @@ from __future__ import annotations
 import enum
 import math
 import random
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 
-from .hosts import HostSlots
+from .elastic_actions import ElasticPolicy, ReportEvent, StartWorker, cooldown_after
+from .hosts import HostSlots, SlotInfo, assign_ranks
 from .supervisor import Finish, Say, StopWorker, describe_exit, exit_code_of, plural
 
 __all__ = [
@@ -77,60 +85,11 @@ __all__ = [
 ELASTIC_FAILURE = 1
 
 
-@dataclass(frozen=True)
-class ElasticPolicy:
-    """The limits an elastic job runs under.
-
-    Attributes:
-        num_proc: workers to start with.
-        min_np: fewest workers the job may run with.
-        max_np: most workers it may run with (None: no limit).
-        elastic_timeout: how long it may wait for, or stay below, ``min_np``;
-            also how long the others get to finish once one has.
-        cooldown_range: ``(MIN, MAX)`` of a blacklisted host's cooldown, or
-            None to blacklist for good.
-    """
-
-    num_proc: int
-    min_np: int
-    max_np: int | None = None
-    elastic_timeout: timedelta = timedelta(seconds=600)
-    cooldown_range: tuple[timedelta, timedelta] | None = None
-
-
-@dataclass(frozen=True)
-class StartWorker:
-    """Start a worker on ``host``'s slot ``slot``.
-
-    ``announce`` is False for the workers of the initial start, which are
-    not news; True for replacements and workers on new hosts.
-    """
-
-    worker_id: int
-    host: str
-    slot: int
-    announce: bool = False
-
-    @property
-    def label(self) -> str:
-        """``host:slot``, what prefixes the worker's output."""
-        return f"{self.host}:{self.slot}"
-
-
-@dataclass(frozen=True)
-class ReportEvent:
-    """Record an event in the job's event log at the coordinator."""
-
-    kind: str
-    host: str
-    message: str
-
-
 Action = StartWorker | StopWorker | Say | ReportEvent | Finish
 
 
 class _Phase(enum.Enum):
-    WAITING = "waiting for min_np slots"
+    WAITING = "waiting for num_proc slots"
     RUNNING = "running"
     FINISHING = "a worker finished; waiting for the others"
     DONE = "done"
@@ -174,10 +133,12 @@ class ElasticPlanner:
         self._started_at = clock()
         self._phase = _Phase.WAITING
         self._hosts: dict[str, int] = {}
+        # Usable hosts in assignment order (oldest first), as Horovod keeps them.
+        self._order: list[str] = []
         self._records: dict[str, _HostRecord] = {}
         self._workers: dict[int, _Worker] = {}
         self._next_id = 0
-        self._target = policy.num_proc
+        self._resets = 0
         self._below_min_since: float | None = None
         self._finish_by: float | None = None
         self._code_after_success: int | None = None
@@ -201,9 +162,15 @@ class ElasticPlanner:
         return self._phase is _Phase.FINISHING
 
     @property
-    def target(self) -> int:
-        """How many workers the job aims to run."""
-        return self._target
+    def resets(self) -> int:
+        """Generations formed after the first, as last told."""
+        return self._resets
+
+    def assignment(self) -> list[SlotInfo]:
+        """The slots that should have workers now, by rank (Horovod's host assignment)."""
+        hosts = [HostSlots(host, self._hosts[host]) for host in self._order]
+        size = self._cap(sum(h.slots for h in hosts))
+        return assign_ranks(hosts, size) if size > 0 else []
 
     def blacklisted(self, host: str) -> bool:
         """Whether ``host`` gets no new workers now."""
@@ -218,11 +185,16 @@ class ElasticPlanner:
         """Workers started and not being stopped (what counts towards min_np)."""
         return sum(1 for w in self._workers.values() if not w.stopping)
 
-    def _free_slots(self) -> list[tuple[str, int]]:
+    def _free_slots(self) -> list[SlotInfo]:
         taken = {(w.host, w.slot) for w in self._workers.values()}
-        return [(host, slot)
-                for host, slots in self._hosts.items() if not self.blacklisted(host)
-                for slot in range(slots) if (host, slot) not in taken]
+        return [info for info in self.assignment()
+                if (info.hostname, info.local_rank) not in taken]
+
+    def _reorder(self) -> None:
+        """Keeps the assignment order: survivors in place, newcomers appended."""
+        usable = [host for host in self._hosts if not self.blacklisted(host)]
+        kept = [host for host in self._order if host in usable]
+        self._order = kept + [host for host in usable if host not in kept]
 
     def _cap(self, count: int) -> int:
         return count if self._policy.max_np is None else min(count, self._policy.max_np)
@@ -256,12 +228,24 @@ class ElasticPlanner:
             message = f"host {host} {why}; stopping {plural(count, 'worker')} there"
             actions += [Say(message), ReportEvent("host_removed", host, message)]
         actions += stops
-        if self._phase is _Phase.RUNNING:
-            grown = sum(max(0, slots - self._hosts.get(host, 0))
-                        for host, slots in new.items() if not self.blacklisted(host))
-            self._target = self._cap(self._target + grown)
         self._hosts = new
+        self._reorder()
         return actions
+
+    def generation_formed(self, generation: int) -> list[Action]:
+        """The coordinator formed ``generation`` (1: the first world).
+
+        Returns:
+            :class:`Finish` (with a message) when the resets exceed the limit.
+        """
+        self._resets = max(self._resets, generation - 1)
+        limit = self._policy.reset_limit
+        if self._phase is not _Phase.RUNNING or limit is None or self._resets <= limit:
+            return []
+        self._phase = _Phase.DONE
+        return [Say(f"reset limit {limit} exceeded: the worker set changed "
+                    f"{self._resets} times (--reset-limit {limit}); stopping the job"),
+                Finish(ELASTIC_FAILURE)]
 
     def worker_running(self, worker_id: int, pid: int) -> None:
         """The worker of a :class:`StartWorker` started as process ``pid``."""
@@ -329,18 +313,31 @@ class ElasticPlanner:
 
     def _blacklist(self, host: str, what: str) -> list[Action]:
         record = self._records.setdefault(host, _HostRecord())
+        now = self._clock()
+        if record.blacklisted_until is not None and record.blacklisted_until > now:
+            return [Say(f"{what}; {host} is blacklisted already")]
         record.failures += 1
         suffix = ""
         if self._policy.cooldown_range is None:
             record.blacklisted_until = math.inf
         else:
             low, high = (d.total_seconds() for d in self._policy.cooldown_range)
-            drawn = self._rng.uniform(low, high)
-            record.cooldown = min(high, drawn * 2 ** (record.failures - 1))
-            record.blacklisted_until = self._clock() + record.cooldown
+            record.cooldown = cooldown_after(record.failures, low, high, self._rng.random())
+            record.blacklisted_until = now + record.cooldown
             suffix = f" for {record.cooldown:.1f} s"
+        self._reorder()
+        # Horovod ends every worker of a failed host, not just the one that failed.
+        mates = [wid for wid, w in self._workers.items() if w.host == host and not w.stopping]
+        for wid in mates:
+            self._workers[wid].stopping = True
+        if mates:
+            others = "worker" if len(mates) == 1 else f"{len(mates)} workers"
+            suffix += f" and killing its other {others}"
         message = f"{what}; blacklisting {host}{suffix}"
-        return [Say(message), ReportEvent("blacklist", host, message)]
+        # SIGKILL, at once: they must be gone before the survivors re-form
+        # the world, or it would form with them and break again.
+        return [Say(message), ReportEvent("blacklist", host, message),
+                *(StopWorker(wid, signal.SIGKILL) for wid in mates)]
 
     # -- time ------------------------------------------------------------------
 
@@ -373,32 +370,32 @@ class ElasticPlanner:
                 message = (f"host {host} is back after its {record.cooldown:.1f} s "
                            f"cooldown")
                 actions += [Say(message), ReportEvent("cooldown_over", host, message)]
+        if actions:
+            self._reorder()
         return actions
 
-    def _start(self, host: str, slot: int, announce: bool) -> StartWorker:
+    def _start(self, info: SlotInfo, announce: bool) -> StartWorker:
         worker_id = self._next_id
         self._next_id += 1
-        self._workers[worker_id] = _Worker(host, slot)
-        return StartWorker(worker_id, host, slot, announce)
+        self._workers[worker_id] = _Worker(info.hostname, info.local_rank)
+        return StartWorker(worker_id, info.hostname, info.local_rank, announce, info)
 
     def _fill(self, announce: bool) -> list[Action]:
-        # Workers being stopped still hold their process (and maybe their
-        # place at the coordinator), so they count against max_np.
-        room = self._target - self.active_workers()
+        free = self._free_slots()
         if self._policy.max_np is not None:
-            room = min(room, self._policy.max_np - len(self._workers))
-        if room <= 0:
-            return []
-        return [self._start(host, slot, announce) for host, slot in self._free_slots()[:room]]
+            # Workers being stopped still hold their process (and maybe their
+            # place at the coordinator), so they count against max_np.
+            free = free[:max(0, self._policy.max_np - len(self._workers))]
+        return [self._start(info, announce) for info in free]
 
     def _initial_start(self, now: float) -> list[Action]:
         usable = self.usable_slots()
-        if usable >= self._policy.min_np:
+        if usable >= self._policy.num_proc:
             self._phase = _Phase.RUNNING
             return self._fill(announce=False)
         if now - self._started_at >= self._timeout:
             self._phase = _Phase.DONE
-            return [Say(f"elastic job needs at least {self._policy.min_np} workers; "
+            return [Say(f"elastic job needs at least {self._policy.num_proc} workers; "
                         f"discovery offered {usable} usable slot(s) within "
                         f"{self._timeout:g} s"),
                     Finish(ELASTIC_FAILURE)]

@@ -26,7 +26,7 @@ from .output import WorkerOutput
 from .supervisor import GRACE_PERIOD, Action, Exit, Say, Spawn, Supervisor
 
 if TYPE_CHECKING:  # gRPC is imported only when an elastic job runs
-    from .events import EventReporter
+    from .events import EventReporter, GenerationWatch
 
 __all__ = ["ElasticDriver"]
 
@@ -37,10 +37,13 @@ class ElasticDriver:
     Args:
         planner: decides what happens (see :mod:`.elastic`).
         poller: supplies host lists; started and stopped by :meth:`run`.
-        make_env: the whole environment of a worker on a given host.
+        make_env: the whole environment of the worker a :class:`.elastic.StartWorker`
+            starts (its host and its slot's placement).
         argv: the worker command.
         output: starts workers and forwards their output; says messages.
         reporter: records events at the coordinator (None: not recorded).
+        generations: reads the job's generation at the coordinator, for the
+            reset limit (None: not read, no limit enforced here).
         grace_period: seconds between SIGTERM (or a forwarded signal) and SIGKILL.
         verbose: also announce the workers of the initial start.
         same_clock: the coordinator runs on this machine, so the times in its
@@ -52,8 +55,9 @@ class ElasticDriver:
     kill_prefix = ""
 
     def __init__(self, planner: ElasticPlanner, poller: HostPoller,
-                 make_env: Callable[[str], Mapping[str, str]], argv: Sequence[str], *,
-                 output: WorkerOutput, reporter: EventReporter | None = None,
+                 make_env: Callable[[StartWorker], Mapping[str, str]], argv: Sequence[str],
+                 *, output: WorkerOutput, reporter: EventReporter | None = None,
+                 generations: GenerationWatch | None = None,
                  grace_period: float = GRACE_PERIOD, verbose: bool = False,
                  same_clock: bool = True) -> None:
         self._planner = planner
@@ -62,6 +66,7 @@ class ElasticDriver:
         self._argv = list(argv)
         self._output = output
         self._reporter = reporter
+        self._generations = generations
         self._grace = grace_period
         self._verbose = verbose
         self._same_clock = same_clock
@@ -82,16 +87,22 @@ class ElasticDriver:
             128+N when horarun itself got signal N.
         """
         self._poller.start()
+        if self._generations is not None:
+            self._generations.start()
         try:
             return Supervisor(self, self._output, grace_period=self._grace).run()
         finally:
             self._poller.stop()
+            if self._generations is not None:
+                self._generations.stop()
 
     # -- the supervisor's questions ----------------------------------------------------
 
     def step(self, exits: Sequence[Exit]) -> list[Action]:
         """New hosts first, then the exits, then whatever is due now."""
         decisions = self._take_hosts()
+        if self._generations is not None:
+            decisions += self._planner.generation_formed(self._generations.latest())
         for ended in exits:
             decisions += self._exited(ended)
         decisions += self._planner.tick()
@@ -139,6 +150,13 @@ class ElasticDriver:
     def _exited(self, ended: Exit) -> list[Decision]:
         started_ms = self._started_ms.pop(ended.worker_id, 0)
         failed = ended.returncode != 0
+        if self._generations is not None and not self._planner.done:
+            # First make sure no reset beyond the limit came in since the last
+            # read: training may have finished in it, or its members stopped
+            # for it (rare, so a blocking read is fine).
+            over = self._planner.generation_formed(self._generations.read_now())
+            if over:
+                return over
         in_final_world = None
         if (failed and self._planner.training_finished
                 and self._reporter is not None and self._same_clock):
@@ -158,7 +176,7 @@ class ElasticDriver:
             if isinstance(decision, StartWorker):
                 self._starting[decision.worker_id] = decision
                 actions.append(Spawn(decision.worker_id, decision.host, self._argv,
-                                     self._make_env(decision.host), label=decision.label,
+                                     self._make_env(decision), label=decision.label,
                                      name=f"worker {decision.label}",
                                      output_name=decision.label, append=True))
             elif isinstance(decision, ReportEvent):

@@ -27,9 +27,9 @@ PER_RANK_FIELDS = (
     "coordinator", "job_id", "token", "size", "rank", "hostname", "data_plane_address",
 )
 
-# Horovod's placement variables, set for a fixed world only: in an elastic
-# job ranks and sizes change with every generation, so a value fixed at
-# start would soon be wrong.
+# Horovod's placement variables. An elastic worker gets those of the slot it
+# was started in (its start rank, as horovodrun gives them); they are not
+# updated when later generations renumber the world.
 HOROVOD_PLACEMENT_VARS = (
     "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
     "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
@@ -95,15 +95,19 @@ def worker_environment(
                        coordinator=coordinator, job_id=job_id, token=token,
                        worker_settings=worker_settings)
     # Horovod's contract: scripts read these before (or instead of) hvd.init().
-    env.update({
+    env.update(_placement_vars(slot))
+    return env
+
+
+def _placement_vars(slot: SlotInfo) -> dict[str, str]:
+    return {
         "HOROVOD_RANK": str(slot.rank),
         "HOROVOD_SIZE": str(slot.size),
         "HOROVOD_LOCAL_RANK": str(slot.local_rank),
         "HOROVOD_LOCAL_SIZE": str(slot.local_size),
         "HOROVOD_CROSS_RANK": str(slot.cross_rank),
         "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-    })
-    return env
+    }
 
 
 def elastic_worker_environment(
@@ -115,13 +119,19 @@ def elastic_worker_environment(
     job_id: str,
     token: str,
     worker_settings: Mapping[str, Any] | None = None,
+    placement: SlotInfo | None = None,
 ) -> dict[str, str]:
     """Builds the environment of an elastic worker on ``hostname``.
 
-    The coordinator assigns elastic ranks, so the worker gets
-    ``HORA_RANK=-1`` and none of Horovod's placement variables (any the
-    launcher inherited are removed, lest a script trust them);
-    ``HOROVOD_HOSTNAME`` stays, since the host does not change.
+    The coordinator assigns the ranks of every generation. With a
+    ``placement`` (what ``horarun`` passes: the slot in the host assignment
+    the worker starts in) the worker gets Horovod's placement variables for
+    that slot, as horovodrun gives them, and ``HORA_RANK``/``HORA_SIZE``
+    from it: the rank orders newcomers at the coordinator (a hint, never a
+    promise), the size is the world the first generation waits for. Without
+    one it gets ``HORA_RANK=-1``, ``HORA_SIZE=size`` and no placement
+    variables (any the launcher inherited are removed, lest a script trust
+    them). ``HOROVOD_HOSTNAME`` is set either way.
 
     Args:
         base: the launcher's environment, inherited by the worker.
@@ -133,13 +143,17 @@ def elastic_worker_environment(
         worker_settings: :class:`Settings` fields set by flags, the elastic
             ones (``min_size``, ``max_size``, ``elastic_timeout``,
             ``reset_limit``) included.
+        placement: the worker's slot in the host assignment it starts in.
 
     Raises:
         hora.settings.SettingsError: a setting is out of range.
     """
-    env = _environment(base, hostname=hostname, rank=-1, size=size,
+    rank, size = (-1, size) if placement is None else (placement.rank, placement.size)
+    env = _environment(base, hostname=hostname, rank=rank, size=size,
                        coordinator=coordinator, job_id=job_id, token=token,
                        worker_settings=worker_settings)
     for name in HOROVOD_PLACEMENT_VARS:
         env.pop(name, None)
+    if placement is not None:
+        env.update(_placement_vars(placement))
     return env

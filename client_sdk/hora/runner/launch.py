@@ -40,7 +40,7 @@ from .._net import interface_address, route_source
 from .._shm import remove_leftovers
 from .args import ElasticConfig, LaunchConfig, parse_address, parse_args
 from .discovery import HostPoller, run_discovery_script
-from .elastic import ElasticPlanner, ElasticPolicy
+from .elastic import ElasticPlanner, ElasticPolicy, StartWorker
 from .elastic_driver import ElasticDriver
 from .embedded import start_embedded_coordinator
 from .env import elastic_worker_environment, worker_environment
@@ -265,19 +265,20 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
                  find_hosts: Callable[[], list[HostSlots]], coordinator: str,
                  network: _Network, tls_ca: str) -> int:
     # Here, not at module level: a static job never needs gRPC in this process.
-    from .events import EventReporter
+    from .events import EventReporter, GenerationWatch
 
     base = _base_env(config)
 
-    def make_env(host: str) -> dict[str, str]:
+    def make_env(start: StartWorker) -> dict[str, str]:
         return elastic_worker_environment(
-            base, host,
+            base, start.host,
             size=config.num_proc,
             coordinator=coordinator,
             job_id=config.job_id,
             token=config.token,
-            worker_settings={**config.worker_settings, **network.worker_settings(host),
+            worker_settings={**config.worker_settings, **network.worker_settings(start.host),
                              **_tls_settings(tls_ca)},
+            placement=start.placement,
         )
 
     output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir,
@@ -288,14 +289,18 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
         max_np=elastic.max_np,
         elastic_timeout=elastic.elastic_timeout,
         cooldown_range=elastic.cooldown_range,
+        reset_limit=elastic.reset_limit,
     ))
     poller = HostPoller(find_hosts, say=output.say)
     reporter = EventReporter(coordinator, config.job_id, config.token, tls_ca=tls_ca,
                              say=output.say)
     try:
         same_clock = is_local_host(parse_address(coordinator)[0])
+        generations = (GenerationWatch(reporter.generation)
+                       if elastic.reset_limit is not None else None)
         return ElasticDriver(planner, poller, make_env, config.command, output=output,
-                             reporter=reporter, verbose=config.verbose,
+                             reporter=reporter, generations=generations,
+                             verbose=config.verbose,
                              same_clock=same_clock).run()
     finally:
         # Before the embedded coordinator stops, so the last events land.

@@ -131,9 +131,11 @@ class Spawn:
 
 @dataclass(frozen=True)
 class StopWorker:
-    """Stop a worker (SIGTERM, then SIGKILL after the grace period)."""
+    """Stop a worker (``signum``, SIGTERM by default, then SIGKILL after the
+    grace period)."""
 
     worker_id: int
+    signum: int = signal.SIGTERM
 
 
 @dataclass(frozen=True)
@@ -272,6 +274,7 @@ class Supervisor:
         # Every worker was asked to stop (a Finish or a signal).
         self._stopping = False
         self._hurried = False
+        self._exited = threading.Event()
 
     def run(self) -> int:
         """Supervises the job until it ends.
@@ -290,7 +293,10 @@ class Supervisor:
                 self._enforce_deadlines()
                 if self._exit_code is not None and not self._procs:
                     break
-                time.sleep(POLL_INTERVAL)
+                # A worker's exit wakes the loop at once: an elastic job must
+                # act on a failure before the survivors re-form the world.
+                self._exited.wait(POLL_INTERVAL)
+                self._exited.clear()
             self._output.drain()
         finally:
             # Never leave workers behind, whatever went wrong above.
@@ -318,7 +324,7 @@ class Supervisor:
             elif isinstance(action, StopWorker):
                 proc = self._procs.get(action.worker_id)
                 if proc is not None:
-                    self._terminate(proc, signal.SIGTERM)
+                    self._terminate(proc, action.signum)
             elif isinstance(action, Say):
                 self._output.say(action.message)
             elif isinstance(action, Finish):
@@ -334,7 +340,14 @@ class Supervisor:
             self._apply(self._planner.start_failed(action.worker_id, code, str(exc)))
             return
         self._procs[action.worker_id] = _Proc(action, proc)
+        threading.Thread(target=self._watch, args=(proc,), name=f"horarun-wait-{proc.pid}",
+                         daemon=True).start()
         self._apply(self._planner.started(action.worker_id, proc.pid))
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        # Popen.wait on this thread; the loop's poll() reads the result.
+        proc.wait()
+        self._exited.set()
 
     def _finish(self, action: Finish) -> None:
         if self._exit_code is None:

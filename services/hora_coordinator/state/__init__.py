@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from .departures import LossDecision, decide_after_loss, leave, stream_closed
 from .effects import Admit, Answer, Effect, Log, NewGeneration, Reject, Send
+from .elastic import NEWCOMER_GATHER_LEASES
 from .generations import elastic_order, order_joiners
 from .job import (
     DEFAULT_ELASTIC_TIMEOUT_S,
@@ -94,6 +95,7 @@ from .views import (
 )
 
 __all__ = [
+    "NEWCOMER_GATHER_LEASES",
     "DEFAULT_ELASTIC_TIMEOUT_S",
     "EVENT_LOG_LIMIT",
     "TEXT_LIMIT",

@@ -25,12 +25,22 @@ from .leases import expired
 from .process_sets import abandon_set_calls
 
 __all__ = [
+    "NEWCOMER_GATHER_LEASES",
+    "announce_newcomers",
+    "check_newcomers",
     "check_round",
     "elastic_bounds_of",
     "end_generation",
     "join_elastic",
     "lose_before_rejoining",
 ]
+
+
+# Leases workers launched together may take to all arrive (each imports its
+# framework): how long a newcomer waits for its companions before the running
+# generation is told of those that came, and how long a round waiting for its
+# launched size waits after the last arrival.
+NEWCOMER_GATHER_LEASES = 5
 
 
 def elastic_bounds_of(job: Job, request: JoinRequest) -> ElasticBounds | None:
@@ -81,6 +91,8 @@ def join_elastic(
     retry = worker_id in rnd.joiners
     rnd.joiners.pop(worker_id, None)  # a retry of a pending Join replaces it
     joiner = rnd.joiners[worker_id] = new_joiner(job, request, now)
+    if worker_id not in job.by_worker:
+        rnd.launched = max(rnd.launched, request.expected_size)
     effects: list[Effect] = []
     if retry:
         return maybe_form(job, now)
@@ -94,17 +106,49 @@ def join_elastic(
         text += f" (rank {old_rank} of generation {job.generation})"
     record(job, now, "join", text, joiner)
     if job.phase is JobPhase.RUNNING and elastic.below_max(len(job.members)):
-        job.host_update_epoch += 1
-        job.removals_only = False
-        message = (
-            f"worker {worker_id} (host {request.host}) waits to join running generation "
-            f"{job.generation} of {len(job.members)} member(s); host update epoch "
-            f"{job.host_update_epoch}"
-        )
-        record(job, now, "join_waiting", message, joiner)
-        effects.append(Log(logging.INFO, f"job '{job.job_id}': {message}"))
+        newcomers = sum(1 for w in rnd.joiners if w not in job.by_worker)
+        if len(job.members) + newcomers >= elastic.clamp(rnd.launched):
+            effects.extend(announce_newcomers(job, now))
+        elif rnd.gathering_since is None:
+            # Launched with others still on their way: tell the running
+            # generation once they are all here (one reset for all of them),
+            # or when waiting for them has taken long enough (check_newcomers).
+            rnd.gathering_since = now
     effects.extend(maybe_form(job, now))
     return effects
+
+
+def announce_newcomers(job: Job, now: float) -> list[Effect]:
+    """Tells the running generation that newcomers wait (a new host update epoch:
+    every member interrupts at its next commit)."""
+    rnd = job.round
+    if rnd is None or job.phase is not JobPhase.RUNNING:
+        return []
+    rnd.gathering_since = None
+    waiting = [j for w, j in rnd.joiners.items() if w not in job.by_worker]
+    if not waiting:
+        return []
+    job.host_update_epoch += 1
+    job.removals_only = False
+    hosts = ", ".join(sorted({j.host for j in waiting}))
+    message = (
+        f"{len(waiting)} worker(s) (host {hosts}) wait to join running generation "
+        f"{job.generation} of {len(job.members)} member(s); host update epoch "
+        f"{job.host_update_epoch}"
+    )
+    record(job, now, "join_waiting", message, waiting[-1])
+    return [Log(logging.INFO, f"job '{job.job_id}': {message}")]
+
+
+def check_newcomers(job: Job, now: float, lease_s: float) -> list[Effect]:
+    """Stops waiting for newcomers' companions after :data:`NEWCOMER_GATHER_LEASES`
+    leases: the running generation is told of the newcomers that came."""
+    rnd = job.round
+    if rnd is None or rnd.gathering_since is None:
+        return []
+    if now - rnd.gathering_since < NEWCOMER_GATHER_LEASES * lease_s:
+        return []
+    return announce_newcomers(job, now)
 
 
 def end_generation(job: Job, now: float, why: str) -> list[Effect]:
@@ -124,7 +168,10 @@ def end_generation(job: Job, now: float, why: str) -> list[Effect]:
     if rnd is None:
         rnd = job.round = Round(job.config or JobConfig(size=len(job.members)))
     rnd.previous, rnd.expected = previous, set(previous)
-    rnd.opened_at, rnd.wait_for, rnd.follows_generation = now, 0, True
+    # Newcomers launched together (horarun starts a new host's workers at
+    # once) join one generation, not one each.
+    waits = job.elastic.clamp(rnd.launched) if rnd.launched and job.elastic else 0
+    rnd.opened_at, rnd.wait_for, rnd.follows_generation = now, waits, True
     newcomers = len(rnd.joiners)
     effects.append(
         Log(
@@ -160,8 +207,10 @@ def check_round(
     """An elastic round's deadlines: leases of members awaited, settling, elastic timeout.
 
     A member of the ended generation that has not re-joined within its lease is
-    lost and no longer expected. A first round stops waiting for the launched
-    world size one lease after it opened. A round that still lacks min_size
+    lost and no longer expected. A first round (or one whose newcomers were
+    launched for a larger world) stops waiting for the launched world size
+    once :data:`NEWCOMER_GATHER_LEASES` leases have passed without a worker
+    arriving (and at least one lease after it opened). A round that still lacks min_size
     joiners ``elastic.timeout_s`` after it opened fails the job.
     """
     effects: list[Effect] = []
@@ -174,7 +223,12 @@ def check_round(
             job, rnd, member, f"lease expired (no heartbeat for {silent:.1f} s)", now))
     waited = now - rnd.opened_at
     if rnd.wait_for and waited > lease_s:
-        rnd.wait_for = 0
+        # Workers started together arrive over a while (each imports its
+        # framework, on a machine that may be busy): keep waiting while they
+        # still come.
+        last = max((j.joined_at for j in rnd.joiners.values()), default=rnd.opened_at)
+        if now - last > NEWCOMER_GATHER_LEASES * lease_s:
+            rnd.wait_for = 0
     came = len(rnd.joiners)
     if came < elastic.min_size and waited > elastic.timeout_s:
         failure = (

@@ -139,9 +139,19 @@ class Round:
     # follows one; those still in `expected` must re-join (or be lost) first.
     previous: dict[str, int] = field(default_factory=dict)
     expected: set[str] = field(default_factory=set)
-    # A first round waits for this many joiners (the launcher's world size)
-    # for at most one lease, then forms with whoever came (at least min_size).
+    # A first round (or one whose newcomers were launched for a larger world)
+    # waits for this many joiners (the launcher's world size) while they
+    # still arrive (see elastic.check_round), then forms with whoever came
+    # (at least min_size).
     wait_for: int = 0
+    # Elastic only: the largest world size the newcomers of this round were
+    # launched for (their expected_size); the round that follows a generation
+    # waits for it as the first round waits for the launched size.
+    launched: int = 0
+    # Elastic only, while a generation runs: since when newcomers here wait
+    # for others launched with them before the running generation is told
+    # (None: told already, or nobody waits).
+    gathering_since: float | None = None
     # True for the round that follows an ended generation (kept while empty).
     follows_generation: bool = False
 

@@ -8,7 +8,7 @@ from ..messages import EventType
 from ..negotiation import PendingTensor, describe_waits, format_ranks
 from .departures import lose
 from .effects import Effect, Log, Send, event_message
-from .elastic import check_round
+from .elastic import check_newcomers, check_round
 from .generations import fail_job
 from .job import Job, JobPhase, MemberState
 from .leases import expired
@@ -94,6 +94,8 @@ def check(job: Job, now: float, lease_s: float) -> list[Effect]:
     if job.phase is not JobPhase.RUNNING:
         return []
     effects: list[Effect] = []
+    if job.elastic is not None:
+        effects.extend(check_newcomers(job, now, lease_s))
     for member in job.members:
         if member.state is MemberState.ACTIVE and expired(member, now, lease_s):
             silent = now - member.last_heartbeat

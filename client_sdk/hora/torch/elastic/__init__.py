@@ -39,4 +39,6 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     host change it is kept. Either way the worker re-joins the job, the state
     is synchronised from rank 0 and ``func`` is called again.
     """
-    return run_fn(func, _reset, reset_limit=lambda: _runtime.current().settings.reset_limit)
+    return run_fn(func, _reset, reset_limit=lambda: _runtime.current().settings.reset_limit,
+                  on_failure=_runtime.abandon,
+                  job_resets=lambda: max(0, _runtime.current().world.generation - 1))
