@@ -144,4 +144,7 @@ class TorchState(ObjectState):
     def sync(self) -> None:
         for handler in self._handlers.values():
             handler.sync()
+            # A restore() goes back to the synchronised values, not to this rank's own
+            # from before the sync (a new rank 0 would restore and broadcast those).
+            handler.save()
         super().sync()
