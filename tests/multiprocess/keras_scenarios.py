@@ -97,7 +97,7 @@ def broadcast_callback():
     model.fit(x, np.zeros((2, 2), "float32"), batch_size=2, epochs=1, verbose=0,
               callbacks=[callback])
     errors = []
-    for bad in (["not a variable"], 3):
+    for bad in (["not a variable"], [3]):
         try:
             hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=bad)
         except ValueError as exc:

@@ -11,7 +11,8 @@ import tensorflow as tf
 from ..functions import broadcast_variables
 from ..mpi_ops import Average, allreduce, global_process_set, rank, size
 
-__all__ = ["BroadcastGlobalVariablesCallback", "LearningRateScheduleCallback",
+__all__ = ["BestModelCheckpoint", "BroadcastGlobalVariablesCallback",
+           "LearningRateScheduleCallback",
            "LearningRateWarmupCallback", "MetricAverageCallback"]
 
 _Callback: Any = tf.keras.callbacks.Callback
@@ -62,11 +63,11 @@ class BroadcastGlobalVariablesCallback(_Callback):
 
     def register_local_var(self, var: Any) -> None:
         """Leaves ``var`` out of the broadcast: every rank keeps its own value."""
-        self._local_vars.add(var.ref())
+        self._local_vars.add(_key(var))
 
     def _broadcast(self) -> None:
         variables = [v for v in _model_and_optimizer_variables(self.model)
-                     if v.ref() not in self._local_vars]
+                     if _key(v) not in self._local_vars]
         broadcast_variables(variables, self.root_rank, process_set=self.process_set)
 
     def on_train_begin(self, logs: Any = None) -> None:
@@ -80,8 +81,14 @@ class BroadcastGlobalVariablesCallback(_Callback):
 
 
 def _is_variable(value: Any) -> bool:
-    # Keras 3's variables wrap a tf.Variable; they have ref() and assign() too.
-    return isinstance(value, tf.Variable) or (hasattr(value, "ref") and hasattr(value, "assign"))
+    # Keras 3's variables are not tf.Variables (they hold one).
+    keras_variable = getattr(tf.keras, "Variable", None)
+    return isinstance(value, tf.Variable) or (
+        keras_variable is not None and isinstance(value, keras_variable))
+
+
+def _key(variable: Any) -> Any:
+    return variable.ref() if hasattr(variable, "ref") else id(variable)
 
 
 class MetricAverageCallback(_Callback):
@@ -233,3 +240,20 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.warmup_epochs - 1 and self.verbose > 0 and rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{_get(self.model.optimizer, 'learning_rate'):g}.")
+
+
+class BestModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):  # type: ignore[misc]
+    """A ``ModelCheckpoint`` that keeps only the best model by ``monitor``.
+
+    Horovod's Spark estimators set ``filepath`` afterwards; a script sets it too.
+    Keras 3 wants a path from the start: until one is set it is ``best_model.keras``.
+    """
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
+                 save_freq: Any = "epoch") -> None:
+        kwargs = dict(monitor=monitor, verbose=verbose, save_best_only=True,
+                      save_weights_only=False, mode=mode, save_freq=save_freq)
+        try:
+            super().__init__(filepath=None, **kwargs)
+        except (AttributeError, TypeError, ValueError):  # Keras 3 checks the suffix now
+            super().__init__(filepath="best_model.keras", **kwargs)
