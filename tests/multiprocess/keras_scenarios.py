@@ -55,8 +55,10 @@ HOROVOD_NAMES = {
         "UpdateEpochStateCallback", "run",
     ],
     "horovod.tensorflow.elastic": ["TensorFlowKerasState", "TensorFlowState", "run"],
-    "horovod.torch": ["_get_process_set_ids_and_ranks"],
-    "horovod.torch.mpi_ops": ["_get_process_set_ids_and_ranks"],
+    "horovod.torch": ["_get_process_set_ids_and_ranks", "check_extension", "gpu_available",
+                      "split_list"],
+    "horovod.torch.mpi_ops": ["_get_process_set_ids_and_ranks", "check_num_rank_power_of_2",
+                              "handle_average_backwards_compatibility"],
     "horovod.runner.common.util.env": ["get_env_rank_and_size"],
     "horovod.common.process_sets": ["ProcessSet", "global_process_set", "add_process_set",
                                     "remove_process_set", "_get_process_set_ids_and_ranks"],
@@ -268,6 +270,7 @@ def helpers():
     from hora._compat import shim_path
 
     sys.path.insert(0, shim_path())
+    import horovod.keras as hkeras
     import horovod.runner.common.util.env as env
     import horovod.tensorflow as htf
     import horovod.tensorflow.util as util
@@ -281,7 +284,12 @@ def helpers():
     ids = (htorch._get_process_set_ids_and_ranks(), htf._get_process_set_ids_and_ranks())
     htorch.remove_process_set(subset)
     after = htorch._get_process_set_ids_and_ranks()
-    return {"missing": missing, "eager": htf._executing_eagerly(),
+    # Horovod's Keras collectives take tensor-compatible values, and the name second.
+    rank, size = htorch.rank(), htorch.size()
+    keras_ops = (float(hkeras.allreduce(float(rank), "keras.mean").numpy()),
+                 hkeras.reducescatter(np.full((size, 2), rank + 1.0), "keras.rs",
+                                      htf.Sum).numpy().tolist())
+    return {"missing": missing, "eager": htf._executing_eagerly(), "keras_ops": keras_ops,
             "util_eager": util._executing_eagerly(), "in_graph": bool(in_graph.numpy()),
             "env": env.get_env_rank_and_size(), "ids": ids, "after": after,
             "average_fn": htf.handle_average_backwards_compatibility(None, False) == htf.Sum}

@@ -174,3 +174,5 @@ def test_horovods_semi_public_helpers_through_the_shim(keras3):
         assert got["ids"] == ({0: every, 1: [0, KERAS3_SIZE - 1]},) * 2
         assert got["after"] == {0: every}
         assert got["average_fn"] is True
+        total = KERAS3_SIZE * (KERAS3_SIZE + 1) / 2
+        assert got["keras_ops"] == ((KERAS3_SIZE - 1) / 2, [[total, total]])

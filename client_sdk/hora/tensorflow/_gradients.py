@@ -65,6 +65,9 @@ class GradientReducer:
         self.groups = groups if groups is not None else (num_groups or None)
         self.pre, self.post = 1.0, 1.0
         self.scale_local_gradients = scale_local_gradients
+        # Applied to local gradients as ``post`` is to reduced ones, for what is not an
+        # average (Keras 3's accumulated passes summed the way Horovod sums them).
+        self.local_post = 1.0
         self.local: set[Any] = set()
         if op == Average and gradient_predivide_factor != 1.0:
             self.op = Sum
@@ -98,9 +101,9 @@ class GradientReducer:
         for i in mine:
             out[i] = None
         out = self._reduce_shared(out, variables)
-        world = self.process_set.size()
+        factor = self.local_post / (self.process_set.size() if self.scale_local_gradients else 1)
         for i, grad in local.items():
-            out[i] = _scaled(grad, 1.0 / world) if self.scale_local_gradients else grad
+            out[i] = _scaled(grad, factor)
         return out
 
     def _reduce_shared(self, out: list[Any], variables: Sequence[Any] | None) -> list[Any]:

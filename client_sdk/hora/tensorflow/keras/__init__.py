@@ -94,6 +94,28 @@ def PartialDistributedOptimizer(optimizer: Any, name: str | None = None,  # noqa
     return distributed
 
 
+def allreduce(value: Any, name: str | None = None, average: bool | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Any = None,
+              compression: Any = Compression.none,
+              process_set: ProcessSet = global_process_set) -> Any:
+    """Horovod's Keras ``allreduce``: a tensor-compatible ``value`` (a number, an array, a
+    tensor) reduced over the ranks, averaged unless ``op`` or ``average`` say otherwise.
+    ``name`` comes second here, as in Horovod's Keras API (TensorFlow's takes ``average``)."""
+    return _mpi_ops.allreduce(tf.convert_to_tensor(value), average=average,
+                              compression=compression, op=op,
+                              prescale_factor=prescale_factor,
+                              postscale_factor=postscale_factor, name=name,
+                              process_set=process_set)
+
+
+def reducescatter(value: Any, name: str | None = None, op: Any = Average,
+                  process_set: ProcessSet = global_process_set) -> Any:
+    """Horovod's Keras ``reducescatter``: ``value`` reduced over the ranks, each rank
+    keeping its share of the first dimension; ``name`` comes second, as in Horovod."""
+    return _mpi_ops.reducescatter(tf.convert_to_tensor(value), op=op, name=name,
+                                  process_set=process_set)
+
+
 def broadcast_global_variables(root_rank: int) -> None:
     """Broadcasts the variables of the current Keras model and optimizer from ``root_rank``.
 

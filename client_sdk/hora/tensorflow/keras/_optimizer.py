@@ -103,6 +103,7 @@ def make_distributed(optimizer: Any, reducer: GradientReducer, in_place: bool,
                 if not average_aggregated_gradients:
                     # Keras averages what it accumulated; Horovod's default sums it.
                     reducer.post *= backward_passes_per_step
+                    reducer.local_post *= backward_passes_per_step
             else:
                 aggregator = LocalAggregator(reducer, backward_passes_per_step,
                                              average_aggregated_gradients)
