@@ -192,8 +192,16 @@ def elastic_states():
         for p in module.parameters():
             p.fill_(own)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
-    torch_state = hvd_torch.elastic.TorchState(module, optimizer, epoch=rank)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    for _ in range(rank):  # every rank a step further
+        optimizer.step()
+        scheduler.step()
+    torch_state = hvd_torch.elastic.TorchState(module, optimizer, scheduler=scheduler,
+                                               epoch=rank)
     torch_state.sync()
+    synced_lr = (scheduler.last_epoch, optimizer.param_groups[0]["lr"])
+    optimizer.step()
+    scheduler.step()
     with torch.no_grad():
         for p in module.parameters():
             p.fill_(99.0)
@@ -201,6 +209,18 @@ def elastic_states():
     torch_state.restore()
     out["torch"] = ([p.detach().flatten().tolist() for p in module.parameters()],
                     torch_state.epoch)
+    out["scheduler"] = (synced_lr, (scheduler.last_epoch, optimizer.param_groups[0]["lr"]))
+    # A model put in the state is saved as it is then: restore() goes back to that.
+    replacement = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        for p in replacement.parameters():
+            p.fill_(5.0)
+    torch_state.model = replacement
+    with torch.no_grad():
+        for p in replacement.parameters():
+            p.fill_(7.0)
+    torch_state.restore()
+    out["torch_replaced"] = [p.detach().flatten().tolist() for p in replacement.parameters()]
 
     object_state = hvd_torch.elastic.ObjectState(epoch=rank, seen=[rank])
     object_state.sync()

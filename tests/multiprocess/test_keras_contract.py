@@ -90,6 +90,9 @@ def test_every_state_restores_to_what_sync_gave_it(run):
         assert weights == [1.0] * len(weights) and epoch == 0
         assert got["tensorflow"] == ([1.0, 1.0], 0)
         assert got["torch"] == ([[1.0, 1.0], [1.0]], 0)
+        assert got["torch_replaced"] == [[5.0, 5.0], [5.0]]
+        # An LR scheduler has its handler: rank 0's schedule, restored as synchronised.
+        assert got["scheduler"] == ((0, 0.1), (0, 0.1))
         assert got["object"] == (0, [0])
 
 
