@@ -94,7 +94,9 @@ def PartialDistributedOptimizer(optimizer: Any, name: str | None = None,  # noqa
     return distributed
 
 
-def allreduce(value: Any, name: str | None = None, average: bool | None = None,
+# Horovod's Keras API replaces TensorFlow's allreduce and reducescatter (imported above).
+def allreduce(value: Any, name: str | None = None,  # type: ignore[no-redef]
+              average: bool | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Any = None,
               compression: Any = Compression.none,
               process_set: ProcessSet = global_process_set) -> Any:
@@ -108,7 +110,7 @@ def allreduce(value: Any, name: str | None = None, average: bool | None = None,
                               process_set=process_set)
 
 
-def reducescatter(value: Any, name: str | None = None, op: Any = Average,
+def reducescatter(value: Any, name: str | None = None, op: Any = Average,  # type: ignore[no-redef]
                   process_set: ProcessSet = global_process_set) -> Any:
     """Horovod's Keras ``reducescatter``: ``value`` reduced over the ranks, each rank
     keeping its share of the first dimension; ``name`` comes second, as in Horovod."""

@@ -242,7 +242,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                   f"{_get(self.model.optimizer, 'learning_rate'):g}.")
 
 
-class BestModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):  # type: ignore[misc]
+class BestModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
     """A ``ModelCheckpoint`` that keeps only the best model by ``monitor``.
 
     Horovod's Spark estimators set ``filepath`` afterwards; a script sets it too.

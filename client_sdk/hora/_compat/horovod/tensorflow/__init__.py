@@ -20,8 +20,8 @@ from horovod.tensorflow.util import (  # noqa: F401
 
 from hora.tensorflow import *  # noqa: F403
 from hora.tensorflow import __all__ as _hora_all
-from hora.tensorflow import broadcast_global_variables
 from hora.tensorflow import mpi_ops as _mpi_ops
+from hora.tensorflow.functions import broadcast_variables
 
 handle_average_backwards_compatibility = _average_fun(_mpi_ops)
 
@@ -30,7 +30,7 @@ __all__ = [*_hora_all, "BroadcastGlobalVariablesHook", "check_num_rank_power_of_
            "split_list", "vars_to_refs"]
 
 
-class BroadcastGlobalVariablesHook(_tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
+class BroadcastGlobalVariablesHook(_tf.compat.v1.train.SessionRunHook):
     """TF1's ``SessionRunHook`` that broadcasts the global variables from ``root_rank`` once
     the session is made (``tf.compat.v1.train.MonitoredTrainingSession`` and Estimators)."""
 
@@ -44,7 +44,9 @@ class BroadcastGlobalVariablesHook(_tf.compat.v1.train.SessionRunHook):  # type:
         graph = _tf.compat.v1.get_default_graph()
         if self.bcast_op is None or self.bcast_op.graph != graph:
             with _tf.device(self.device):
-                self.bcast_op = broadcast_global_variables(self.root_rank)
+                # In a TF1 graph this is the group of broadcast-and-assign ops to run.
+                self.bcast_op = broadcast_variables(_tf.compat.v1.global_variables(),
+                                                    self.root_rank)
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         session.run(self.bcast_op)
