@@ -414,15 +414,26 @@ def keras_aggregation():
     return out
 
 
+def _each(**parts):
+    """Every part's result, or the error it raised (as ``{"error": ...}``), so that one
+    missing piece fails its own test and not the others'."""
+    out = {}
+    for name, part in parts.items():
+        try:
+            out[name] = part()
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
 def keras3():
     """Everything, on Keras 3 (tf.keras in TensorFlow 2.16+): one TensorFlow import."""
-    return {"broadcast": broadcast_callback(), "partial": partial_optimizer(),
-            "elastic": elastic_states(), "v1": v1_aggregation(), "helpers": helpers(),
-            "lr": lr_callbacks(), "aggregation": keras_aggregation()}
+    return _each(broadcast=broadcast_callback, partial=partial_optimizer,
+                 elastic=elastic_states, v1=v1_aggregation, helpers=helpers, lr=lr_callbacks,
+                 aggregation=keras_aggregation)
 
 
 def legacy():
     """The Keras parts again on tf-keras (TF_USE_LEGACY_KERAS=1)."""
-    return {"broadcast": broadcast_callback(), "partial": partial_optimizer(),
-            "elastic": elastic_states(), "lr": lr_callbacks(),
-            "aggregation": keras_aggregation()}
+    return _each(broadcast=broadcast_callback, partial=partial_optimizer,
+                 elastic=elastic_states, lr=lr_callbacks, aggregation=keras_aggregation)

@@ -21,7 +21,7 @@ from tests.support.workers import run_workers
 if importlib.util.find_spec("tensorflow") is None:
     pytest.skip("TensorFlow is not installed", allow_module_level=True)
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
 SCENARIOS = Path(__file__).with_name("keras_scenarios.py")
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_NUM_INTEROP_THREADS": "2",
@@ -29,11 +29,22 @@ ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_NUM_INTEROP_THREADS": "2",
 KERAS3_SIZE, LEGACY_SIZE = 3, 2
 
 
+class _Parts(dict):
+    """One rank's results by part; a part that raised fails the tests that read it."""
+
+    def __getitem__(self, part: str):
+        value = super().__getitem__(part)
+        if isinstance(value, dict) and set(value) == {"error"}:
+            pytest.fail(f"{part} raised on a worker: {value['error']}")
+        return value
+
+
 def _run(size: int, func: str, env: dict[str, str]) -> list[dict]:
-    # A 10 s lease: TensorFlow's tracing can hold a worker's GIL on a loaded machine.
+    # A 10 s lease: TensorFlow's tracing can hold a worker's GIL on a loaded machine; the
+    # deadline leaves room for TensorFlow's import, minutes when the machine is loaded.
     with CoordinatorProcess(["--lease-s", "10"]) as coordinator:
-        return [r.value for r in run_workers(coordinator, size, SCENARIOS, func, env=env,
-                                             timeout=270)]
+        return [_Parts(r.value) for r in run_workers(coordinator, size, SCENARIOS, func,
+                                                     env=env, timeout=480)]
 
 
 @pytest.fixture(scope="module")
