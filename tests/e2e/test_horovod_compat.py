@@ -145,6 +145,7 @@ from horovod.common.util import (env, gloo_built, is_iterable, mpi_built, nccl_b
                                  get_average_backwards_compatibility_fun)
 from horovod.runner.util.threads import execute_function_multithreaded, in_thread, on_event
 from horovod.runner import run as runner_run
+from horovod.runner.common.util.env import get_env_rank_and_size
 import hora.errors
 
 assert horovod.run is not None and runner_run is not None
@@ -175,6 +176,11 @@ broadcast_parameters(model.state_dict(), root_rank=0)
 state = TorchState(model=model, optimizer=opt, epoch=0)
 state.commit()
 x = allreduce(torch.ones(2) * (rank() + 1), op=Sum, name="x")
+assert get_env_rank_and_size() == (rank(), size())
+pair = hvd.add_process_set([0, 1])
+assert hvd._get_process_set_ids_and_ranks() == {0: [0, 1], pair.process_set_id: [0, 1]}
+hvd.remove_process_set(pair)
+assert hvd.mpi_ops._get_process_set_ids_and_ranks() == {0: [0, 1]}
 print("imports-ok", rank(), size(), x.tolist(), broadcast_object("hi", root_rank=0),
       isinstance(SyncBatchNorm(2), torch.nn.Module), len(ElasticSampler(list(range(8)))),
       got)

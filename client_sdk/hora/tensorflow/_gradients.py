@@ -22,6 +22,18 @@ from .mpi_ops import (
 __all__ = ["GradientReducer"]
 
 
+def _ref(source: Any) -> Any:
+    return source.ref() if hasattr(source, "ref") else id(source)
+
+
+def _scaled(grad: Any, factor: float) -> Any:
+    if grad is None or factor == 1.0:
+        return grad
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
 class GradientReducer:
     """Allreduces a list of gradients in as few calls as the grouping allows.
 
@@ -35,12 +47,15 @@ class GradientReducer:
         num_groups: split the gradients into this many grouped allreduces (0: one).
         groups: explicit groups of variables (lists of variables), or a count.
         process_set: the ranks that average.
+        scale_local_gradients: divide the gradients of variables registered with
+            :meth:`register_local_var` by the set's size (they are not reduced).
     """
 
     def __init__(self, compression: Any = Compression.none, sparse_as_dense: bool = False,
                  op: Any = Average, gradient_predivide_factor: float = 1.0,
                  num_groups: int = 0, groups: Any = None,
-                 process_set: ProcessSet = global_process_set) -> None:
+                 process_set: ProcessSet = global_process_set,
+                 scale_local_gradients: bool = True) -> None:
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor needs op == Average")
         self.compression = compression
@@ -49,10 +64,20 @@ class GradientReducer:
         self.process_set = process_set
         self.groups = groups if groups is not None else (num_groups or None)
         self.pre, self.post = 1.0, 1.0
+        self.scale_local_gradients = scale_local_gradients
+        # Applied to local gradients as ``post`` is to reduced ones, for what is not an
+        # average (Keras 3's accumulated passes summed the way Horovod sums them).
+        self.local_post = 1.0
+        self.local: set[Any] = set()
         if op == Average and gradient_predivide_factor != 1.0:
             self.op = Sum
             self.pre = 1.0 / gradient_predivide_factor
             self.post = gradient_predivide_factor / process_set.size()
+
+    def register_local_var(self, var: Any) -> None:
+        """Keeps ``var``'s gradient on this rank: not reduced, only divided by the set's
+        size when ``scale_local_gradients`` (as an averaged gradient would be)."""
+        self.local.add(_ref(var))
 
     def _chunks(self, indices: list[int], variables: Sequence[Any] | None) -> list[list[int]]:
         if isinstance(self.groups, int) and self.groups > 1:
@@ -67,8 +92,21 @@ class GradientReducer:
         return [indices] if indices else []
 
     def reduce(self, grads: Sequence[Any], variables: Sequence[Any] | None = None) -> list[Any]:
-        """The reduced gradients, in order; ``None`` stays ``None``."""
+        """The reduced gradients, in order; ``None`` stays ``None``, and the gradients of
+        local variables stay on this rank."""
         out = list(grads)
+        mine = [i for i, v in enumerate(variables or ()) if _ref(v) in self.local] \
+            if self.local else []
+        local = {i: out[i] for i in mine}
+        for i in mine:
+            out[i] = None
+        out = self._reduce_shared(out, variables)
+        factor = self.local_post / (self.process_set.size() if self.scale_local_gradients else 1)
+        for i, grad in local.items():
+            out[i] = _scaled(grad, factor)
+        return out
+
+    def _reduce_shared(self, out: list[Any], variables: Sequence[Any] | None) -> list[Any]:
         if self.process_set.size() == 1 and self.pre == 1.0 and self.post == 1.0:
             return out
         dense, sparse = [], []

@@ -77,6 +77,9 @@ class TensorFlowState(ObjectState):
         variables = self._variables()
         if variables:
             broadcast_variables(variables, root_rank=0)
+        # What every rank now holds is what a restore() goes back to, as in Horovod:
+        # not the rank's own values from before the sync.
+        object.__setattr__(self, "_hora_saved", [(v, v.numpy()) for v in variables])
         super().sync()
 
 

@@ -13,7 +13,9 @@ from ..functions import broadcast_object, broadcast_optimizer_state, broadcast_p
 from ..mpi_ops import Max, allreduce, rank
 from .sampler import ElasticSampler
 
-__all__ = ["ObjectState", "TorchState"]
+__all__ = ["LRSchedulerStateHandler", "ModelStateHandler", "ObjectState",
+           "OptimizerStateHandler", "SamplerStateHandler", "StateHandler", "TorchState",
+           "get_handler_registry", "set_handler_registry"]
 
 
 def _host_update_epoch() -> tuple[int, bool]:
@@ -48,11 +50,36 @@ class ObjectState(_ObjectState):
                          generation_host_epoch=_generation_host_epoch, **kwargs)
 
 
-class _Handler:
-    """Saves, restores and synchronises one kind of stateful object."""
+class StateHandler:
+    """Saves, restores and synchronises one kind of object held by a :class:`TorchState`.
+
+    Subclass it for a type of your own and add ``(type, subclass)`` to the registry
+    (:func:`set_handler_registry`), as with Horovod.
+    """
 
     def __init__(self, value: Any) -> None:
         self.value = value
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def set_value(self, value: Any) -> None:
+        """Holds a new object, saved as it is now."""
+        self.value = value
+        self.save()
+
+
+class _StateDictHandler(StateHandler):
+    """An object with ``state_dict()`` and ``load_state_dict()``, saved as a deep copy."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
         self.save()
 
     def save(self) -> None:
@@ -61,21 +88,23 @@ class _Handler:
     def restore(self) -> None:
         self.value.load_state_dict(self._saved)
 
-    def sync(self) -> None:
-        raise NotImplementedError
 
-
-class _ModelHandler(_Handler):
+class ModelStateHandler(_StateDictHandler):
     def sync(self) -> None:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class _OptimizerHandler(_Handler):
+class OptimizerStateHandler(_StateDictHandler):
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class _SamplerHandler(_Handler):
+class LRSchedulerStateHandler(_StateDictHandler):
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
+
+
+class SamplerStateHandler(_StateDictHandler):
     def sync(self) -> None:
         # What any rank processed this epoch counts as processed for all of them.
         from ..functions import allgather_object
@@ -86,13 +115,29 @@ class _SamplerHandler(_Handler):
         self.value.load_state_dict(broadcast_object(state, root_rank=0))
 
 
-def _handler_for(value: Any) -> _Handler | None:
-    if isinstance(value, torch.nn.Module):
-        return _ModelHandler(value)
-    if isinstance(value, torch.optim.Optimizer):
-        return _OptimizerHandler(value)
-    if isinstance(value, ElasticSampler):
-        return _SamplerHandler(value)
+_handler_registry: list[tuple[type, type[StateHandler]]] = [
+    (torch.nn.Module, ModelStateHandler),
+    (torch.optim.Optimizer, OptimizerStateHandler),
+    (torch.optim.lr_scheduler.LRScheduler, LRSchedulerStateHandler),
+    (ElasticSampler, SamplerStateHandler),
+]
+
+
+def get_handler_registry() -> list[tuple[type, type[StateHandler]]]:
+    """The ``(type, handler class)`` pairs TorchState picks handlers from, first match wins."""
+    return _handler_registry
+
+
+def set_handler_registry(registry: list[tuple[type, type[StateHandler]]]) -> None:
+    """Replaces the registry (add your own pairs to :func:`get_handler_registry`'s list)."""
+    global _handler_registry
+    _handler_registry = registry
+
+
+def _handler_for(value: Any) -> StateHandler | None:
+    for kind, handler in _handler_registry:
+        if isinstance(value, kind):
+            return handler(value)
     return None
 
 
@@ -102,15 +147,15 @@ class TorchState(ObjectState):
     Args:
         model: the model; its ``state_dict`` is saved on commit and broadcast on sync.
         optimizer: the optimizer; likewise (``broadcast_optimizer_state``).
-        **kwargs: more attributes: ElasticSamplers, modules and optimizers are
-            handled like the model; anything else must be picklable
-            (``epoch=0, batch=0``).
+        **kwargs: more attributes: modules, optimizers, LR schedulers and
+            ElasticSamplers get their handlers (see :func:`get_handler_registry`);
+            anything else must be picklable (``epoch=0, batch=0``).
     """
 
     def __init__(self, model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
         kwargs.update(model=model, optimizer=optimizer)
-        handlers: dict[str, _Handler] = {}
+        handlers: dict[str, StateHandler] = {}
         plain: dict[str, Any] = {}
         for name, value in kwargs.items():
             handler = _handler_for(value) if value is not None else None
@@ -128,7 +173,9 @@ class TorchState(ObjectState):
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})
         if name in handlers:
-            handlers[name].value = value
+            # A new model or optimizer is saved at once, as Horovod's handlers do: a
+            # restore() must not load the old one's state into it.
+            handlers[name].set_value(value)
         super().__setattr__(name, value)
 
     def save(self) -> None:
@@ -144,4 +191,7 @@ class TorchState(ObjectState):
     def sync(self) -> None:
         for handler in self._handlers.values():
             handler.sync()
+            # A restore() goes back to the synchronised values, not to this rank's own
+            # from before the sync (a new rank 0 would restore and broadcast those).
+            handler.save()
         super().sync()

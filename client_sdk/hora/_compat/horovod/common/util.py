@@ -64,13 +64,20 @@ def rocm_built(verbose: bool = False) -> bool:
 
 
 def extension_available(ext_base_name: str, verbose: bool = False) -> bool:
-    """Whether Horovod's extension for a framework is usable: only ``torch`` is, on hora."""
-    return ext_base_name == "torch" and importlib.util.find_spec("torch") is not None
+    """Whether Horovod's extension for a framework is usable: ``torch``, and ``tensorflow``
+    and ``keras`` where TensorFlow is installed (hora.tensorflow runs on torch's engine)."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    if ext_base_name == "torch":
+        return True
+    return ext_base_name in ("tensorflow", "keras") and \
+        importlib.util.find_spec("tensorflow") is not None
 
 
 def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
-    """Whether the framework sees a GPU (``torch`` only, on hora)."""
-    if not extension_available(ext_base_name):
+    """Whether the framework's tensors can be reduced on a GPU (``torch`` only, on hora:
+    hora.tensorflow hands its tensors to the engine through host memory)."""
+    if ext_base_name != "torch" or not extension_available(ext_base_name):
         return False
     import torch
 
