@@ -1,0 +1,26 @@
+"""The cluster suites' last words: one loud line per suite skipped, and their timings
+(after pytest's own summary, so that a `make test` without Ray or Java ends on it)."""
+
+from __future__ import annotations
+
+import pytest
+
+# Filled by the suites: what was skipped and why; what was measured.
+SKIPPED: dict[str, str] = {}
+TIMINGS: dict[str, float] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "clusters: hora on real Ray and Spark clusters")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    if TIMINGS:
+        reporter.write_line("cluster tests measured: " + ", ".join(
+            f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
+    for reason in SKIPPED.values():
+        reporter.write_line(f"!!!!! {reason} !!!!!", red=True, bold=True)
