@@ -176,6 +176,7 @@ def main():
         executor.start()
         print(f"started in {time.monotonic() - began:.1f} s", flush=True)
         results = executor.run(lambda: train_elastic(args))
+        executor.shutdown()
     else:
         executor = RayExecutor(settings, num_workers=args.num_workers,
                                cpus_per_worker=args.cpus_per_worker)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -114,3 +115,60 @@ def test_horovod_driver_and_errors(cluster: RayCluster) -> None:
     assert "CPU=1.5" in unplaceable["message"]
     assert "did not place the workers within timeout_s=8 s" in unplaceable["message"]
     assert unplaceable["seconds"] < 20
+
+
+def _wait_for(log: Path, proc, pattern: str, after: int, timeout: float) -> tuple[int, str]:
+    """Waits for a line containing ``pattern`` past line ``after`` of ``log``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = log.read_text(errors="replace").splitlines()
+        for number, line in enumerate(lines[after:], start=after):
+            if pattern in line:
+                return number + 1, line
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"no {pattern!r} in the driver's output within {timeout:g} s:\n"
+                         + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
+def _commit_time(line: str) -> float:
+    found = re.search(r"world \d+ at (\d+\.\d+)", line)
+    assert found, line
+    return float(found.group(1))
+
+
+def test_elastic_node_dies_and_joins(cluster: RayCluster) -> None:
+    """ElasticRayExecutor: the second node dies mid-run and the survivor goes on from its
+    last commit; a third node joins and takes part from the next commit."""
+    log = cluster.workdir / "ray_elastic.log"
+    began = time.monotonic()
+    proc = cluster.driver([sys.executable, str(ROOT / "examples" / "ray_digits.py"),
+                           "--address", cluster.address, "--elastic", "--min-workers", "1",
+                           "--max-workers", "2", "--epochs", "6", "--batch-sleep", "0.2",
+                           "--batches-per-commit", "4"], log)
+    try:
+        at, _ = _wait_for(log, proc, "world 2 at", 0, 150)
+        TIMINGS["ElasticRayExecutor: first commit of 2 ranks"] = time.monotonic() - began
+        killed = time.time()
+        cluster.kill_node("h2")
+        at, line = _wait_for(log, proc, "world 1 at", at, 120)
+        TIMINGS["Ray elastic recovery (node killed -> first commit of the survivor)"] = (
+            _commit_time(line) - killed)
+        cluster.add_node("h3", num_cpus=1)
+        added = time.time()
+        at, line = _wait_for(log, proc, "world 2 at", at, 150)
+        TIMINGS["Ray node added -> first commit with it"] = _commit_time(line) - added
+        proc.wait(240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    output = log.read_text(errors="replace")
+    assert proc.returncode == 0, output[-6000:]
+    results = json.loads(output.splitlines()[-1][len("RESULT "):])
+    assert [r["rank"] for r in results] == [0, 1]
+    assert {r["host"] for r in results} == {cluster.head.address, cluster.host("h3").address}
+    assert len({r["params"] for r in results}) == 1, results
+    assert all(r["accuracy"] >= 0.90 for r in results), results
+    assert f"{cluster.host('h2').address}" in output  # the driver said which node it lost

@@ -75,6 +75,8 @@ class RayCluster:
         # Token authentication with a token of the test's own: ~/.ray is neither read nor
         # written, and nothing outside the test can join its cluster.
         self.env = {**env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
+                    # Every worker line reaches the driver's output as it is.
+                    "RAY_DEDUP_LOGS": "0", "RAY_COLOR_PREFIX": "0",
                     "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         self.ray = str(Path(sys.executable).parent / "ray")
         self.net = _Network(workdir, count=count)

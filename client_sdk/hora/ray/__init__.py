@@ -6,6 +6,8 @@ Imports Ray; ``import hora`` never imports this package. Install with
 
 from __future__ import annotations
 
+from .elastic import ElasticRayExecutor, ElasticRaySettings
 from .executor import RayExecutor, RayExecutorError, RaySettings
 
-__all__ = ["RayExecutor", "RayExecutorError", "RaySettings"]
+__all__ = ["ElasticRayExecutor", "ElasticRaySettings", "RayExecutor", "RayExecutorError",
+           "RaySettings"]

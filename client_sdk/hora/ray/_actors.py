@@ -89,6 +89,18 @@ class WorkerActor:
 
         _runtime.shutdown()
 
+    def execute_elastic(self, payload: bytes) -> tuple[int, Any]:
+        """Calls the pickled ``fn()`` of an elastic job; this rank at the end, and its result.
+
+        Raises:
+            WorkerFailure: it raised.
+        """
+        from hora import _runtime
+
+        value = self.execute(payload, False)
+        rank = _runtime.current().world.rank if _runtime.is_initialized() else -1
+        return rank, value
+
     def execute(self, payload: bytes, with_executable: bool) -> Any:
         """Calls the pickled function: ``fn(executable)`` or ``fn(*args, **kwargs)``.
 

@@ -106,6 +106,41 @@ def _nodes() -> str:
                      for n in alive) or "no alive node"
 
 
+def start_coordinator_actor(token: str, deadline: float, timeout_s: float
+                            ) -> tuple[Any, str, str]:
+    """Starts a coordinator actor on the driver's node.
+
+    Returns:
+        The actor, its gRPC address ``HOST:PORT``, and its dashboard's URL.
+
+    Raises:
+        RayExecutorError: it did not start before ``deadline``.
+    """
+    # On the driver's node: the job lives as long as the driver, whichever
+    # worker node goes away.
+    here = ray.get_runtime_context().get_node_id()
+    actor = ray.remote(CoordinatorActor).options(
+        num_cpus=0, max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(token)
+    try:
+        address, http_port = ray.get(actor.address.remote(),
+                                     timeout=max(0.1, deadline - time.monotonic()))
+    except ray.exceptions.GetTimeoutError as exc:
+        ray.kill(actor)
+        raise RayExecutorError(f"timed out after {timeout_s:g} s waiting for the coordinator "
+                               f"actor to start") from exc
+    return actor, str(address), f"http://{address.rsplit(':', 1)[0]}:{http_port}"
+
+
+def stop_coordinator(actor: Any) -> None:
+    """Stops the coordinator actor, then kills it."""
+    try:
+        ray.get(actor.stop.remote(), timeout=10)
+    except Exception:  # noqa: S110 - it is killed next either way
+        pass
+    ray.kill(actor)
+
+
 class RayExecutor:
     """Runs functions on ``num_workers`` ranks, each a Ray actor in one hora job.
 
@@ -218,17 +253,9 @@ class RayExecutor:
     def _start_coordinator(self, token: str, deadline: float) -> str:
         if self.settings.coordinator:
             return self.settings.coordinator
-        # On the driver's node: the job lives as long as the driver, whichever
-        # worker node goes away.
-        here = ray.get_runtime_context().get_node_id()
-        actor_cls = ray.remote(CoordinatorActor).options(
-            num_cpus=0, max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
-        self._coordinator_actor = actor_cls.remote(token)
-        address, http_port = self._get(self._coordinator_actor.address.remote(), deadline,
-                                       "the coordinator actor to start")
-        self.dashboard = f"http://{address.rsplit(':', 1)[0]}:{http_port}"
-        return str(address)
+        self._coordinator_actor, address, self.dashboard = start_coordinator_actor(
+            token, deadline, self.settings.timeout_s)
+        return address
 
     def _get(self, refs: Any, deadline: float, what: str) -> Any:
         try:
@@ -400,11 +427,7 @@ class RayExecutor:
             ray.kill(rank.actor)
         self._ranks = []
         if self._coordinator_actor is not None:
-            try:
-                ray.get(self._coordinator_actor.stop.remote(), timeout=10)
-            except Exception:  # noqa: S110 - it is killed next either way
-                pass
-            ray.kill(self._coordinator_actor)
+            stop_coordinator(self._coordinator_actor)
             self._coordinator_actor = None
         if self._pg is not None:
             remove_placement_group(self._pg)
