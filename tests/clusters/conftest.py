@@ -4,14 +4,7 @@
 from __future__ import annotations
 
 import pytest
-
-# Filled by the suites: what was skipped and why; what was measured.
-SKIPPED: dict[str, str] = {}
-TIMINGS: dict[str, float] = {}
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "clusters: hora on real Ray and Spark clusters")
+from cluster_report import SKIPPED, TIMINGS
 
 
 @pytest.hookimpl(trylast=True)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SKIPPED, TIMINGS
+from cluster_report import SKIPPED, TIMINGS
 from ray_cluster import RayCluster, RayUnavailable, ray_missing
 
 pytestmark = [pytest.mark.clusters, pytest.mark.timeout(300)]
