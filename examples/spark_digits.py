@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 import time
 
 import torch
@@ -157,6 +158,9 @@ def main():
     args = parser.parse_args()
     import hora.spark
 
+    # The executors' Python: this one (with torch and hora), not the first python3 on
+    # the PATH; read when the session starts its JVM.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     began = time.monotonic()
     spark = (SparkSession.builder.master(args.master).appName("hora-spark-digits")
              .config("spark.ui.enabled", "false")

@@ -10,9 +10,12 @@ import json
 import os
 import sys
 import time
+import urllib.request
 
 import ray
 from horovod.ray import RayExecutor
+
+TOKEN = "ray-driver-test-token"
 
 
 def collective(offset):
@@ -46,12 +49,17 @@ def dies_on_rank_1():
 def main():
     ray.init(address=sys.argv[1])
     out = {}
-    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_hosts=2,
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60, token=TOKEN), num_hosts=2,
                            num_workers_per_host=1, cpus_per_worker=1)
     began = time.monotonic()
     executor.start()
     out["start_s"] = time.monotonic() - began
     out["run"] = executor.run(collective, args=[10])
+    # The dashboard's rank map: Ray node IP as host, the actor's pid.
+    url = (f"{executor.dashboard}/api/v1/jobs/{executor.job_id}/ranks?token={TOKEN}")
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        out["dashboard"] = [{"rank": r["rank"], "host": r["host"], "pid": r["pid"]}
+                            for r in json.load(answer)["ranks"]]
     out["execute_single"] = executor.execute_single(lambda _: "chief")
     out["run_remote"] = ray.get(executor.run_remote(lambda: "remote"))
     try:

@@ -93,6 +93,8 @@ def test_horovod_driver_and_errors(cluster: RayCluster) -> None:
     h2 = cluster.host("h2").address
     assert {r["host"] for r in run} == {cluster.head.address, h2}
     assert [r["cross_rank"] for r in run] == [0, 1]
+    assert sorted(out["dashboard"], key=lambda r: r["rank"]) == [
+        {"rank": r["rank"], "host": r["host"], "pid": r["pid"]} for r in run]
     assert out["execute_single"] == "chief"
     assert out["run_remote"] == ["remote", "remote"]
 

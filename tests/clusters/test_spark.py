@@ -12,6 +12,7 @@ import importlib.util
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -45,6 +46,9 @@ import cloudpickle  # noqa: E402
 
 import hora.spark  # noqa: E402
 
+# This module's functions travel to the executors by value (they cannot import it).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 
 def _example() -> Any:
     """examples/spark_digits.py as a module, pickled by value (the executors cannot import it)."""
@@ -52,6 +56,7 @@ def _example() -> Any:
                                                   ROOT / "examples" / "spark_digits.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["spark_digits"] = module
     spec.loader.exec_module(module)
     cloudpickle.register_pickle_by_value(module)
     return module
@@ -86,6 +91,11 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    # The standalone workers' folders (executor logs) in the test's directory, not in
+    # the pyspark package; read by the JVM that getOrCreate() starts.
+    os.environ["SPARK_WORKER_DIR"] = str(tmp_path_factory.mktemp("spark-work"))
+    # The executors run this Python (torch, hora), not the first python3 on the PATH.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     began = time.monotonic()
     session = (SparkSession.builder.master("local-cluster[2,1,1024]")
                .appName("hora-tests")
@@ -93,6 +103,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.local.dir", str(tmp_path_factory.mktemp("spark")))
+               # Executors start faster on a busy machine (C1 only, one GC thread).
+               .config("spark.executor.extraJavaOptions",
+                       "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
                .getOrCreate())
     TIMINGS["Spark local-cluster[2,1,1024] start"] = time.monotonic() - began
     gateway = SparkContext._gateway
