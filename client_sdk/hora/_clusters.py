@@ -9,6 +9,7 @@ import os
 import secrets
 import sys
 import uuid
+from typing import Any
 
 import cloudpickle
 
@@ -63,6 +64,6 @@ def dumps(value: object) -> bytes:
     return cloudpickle.dumps(value)
 
 
-def loads(data: bytes) -> object:
+def loads(data: bytes) -> Any:
     """Unpickles what :func:`dumps` made, after :func:`enter_shim` (it may import horovod)."""
     return cloudpickle.loads(data)

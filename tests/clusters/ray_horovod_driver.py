@@ -59,7 +59,7 @@ def main():
     url = (f"{executor.dashboard}/api/v1/jobs/{executor.job_id}/ranks?token={TOKEN}")
     with urllib.request.urlopen(url, timeout=30) as answer:
         out["dashboard"] = [{"rank": r["rank"], "host": r["host"], "pid": r["pid"]}
-                            for r in json.load(answer)["ranks"]]
+                            for r in json.load(answer)]
     out["execute_single"] = executor.execute_single(lambda _: "chief")
     out["run_remote"] = ray.get(executor.run_remote(lambda: "remote"))
     try:

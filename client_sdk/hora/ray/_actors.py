@@ -80,7 +80,7 @@ class WorkerActor:
         """Builds Horovod's ``executable_cls(*args, **kwargs)`` that ``execute`` hands to fns."""
         if payload is None:
             return
-        cls, args, kwargs = loads(payload)  # type: ignore[misc]
+        cls, args, kwargs = loads(payload)
         self.executable = cls(*args, **kwargs)
 
     def leave(self) -> None:
@@ -107,7 +107,7 @@ class WorkerActor:
         Raises:
             WorkerFailure: it raised; the traceback travels as text.
         """
-        fn, args, kwargs = loads(payload)  # type: ignore[misc]
+        fn, args, kwargs = loads(payload)
         try:
             if with_executable:
                 return fn(self.executable)

@@ -239,7 +239,7 @@ class ElasticRayExecutor:
             "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
         if self.use_gpu:
             options["num_gpus"] = self.gpus_per_slot
-        actor = ray.remote(WorkerActor).options(**options).remote(shim)
+        actor: Any = ray.remote(WorkerActor).options(**options).remote(shim)
         settings: dict[str, Any] = {
             "data_plane_address": action.host, "min_size": self.min_workers,
             "elastic_timeout": timedelta(seconds=self.settings.elastic_timeout),
@@ -264,7 +264,7 @@ class ElasticRayExecutor:
             return f"its actor did not start within {self.settings.timeout_s:g} s: {exc}"
         actor.set_env.remote(env)
         worker.ref = actor.execute_elastic.remote(payload)
-        if action.announce:
+        if action.announce or self.settings.verbose > 1:
             self._say(f"started a worker on {action.host} (actor pid {worker.pid})")
         return ""
 

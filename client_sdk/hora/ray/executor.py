@@ -119,7 +119,7 @@ def start_coordinator_actor(token: str, deadline: float, timeout_s: float
     # On the driver's node: the job lives as long as the driver, whichever
     # worker node goes away.
     here = ray.get_runtime_context().get_node_id()
-    actor = ray.remote(CoordinatorActor).options(
+    actor: Any = ray.remote(CoordinatorActor).options(
         num_cpus=0, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(token)
     try:
@@ -303,7 +303,8 @@ class RayExecutor:
                     self._pg, placement_group_bundle_index=index)}
             if self.use_gpu:
                 options["num_gpus"] = self.gpus_per_worker
-            actors.append(ray.remote(WorkerActor).options(**options).remote(shim))
+            actor: Any = ray.remote(WorkerActor).options(**options).remote(shim)
+            actors.append(actor)
         where = self._get([a.where.remote() for a in actors], deadline, "the workers to start")
         self._ranks = self._order(actors, where)
         settings: dict[str, Any] = {"start_timeout": timedelta(seconds=self.settings.timeout_s)}

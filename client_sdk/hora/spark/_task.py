@@ -71,7 +71,7 @@ def _placement(addresses: list[str], partition: int) -> tuple[str, int, int, int
 
 
 def _call(spec: TaskSpec) -> Any:
-    fn, args, kwargs = loads(spec.payload)  # type: ignore[misc]
+    fn, args, kwargs = loads(spec.payload)
     return fn(*args, **kwargs)
 
 

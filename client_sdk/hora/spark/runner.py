@@ -43,14 +43,19 @@ class SparkRunError(RuntimeError):
 
 def _context() -> Any:
     try:
+        from pyspark import SparkContext
         from pyspark.sql import SparkSession
     except ImportError as exc:
         raise ImportError("hora.spark needs PySpark: pip install 'hora[spark]'") from exc
     session = SparkSession.getActiveSession()
-    if session is None:
+    if session is not None:
+        return session.sparkContext
+    # The active session is per thread; the process's SparkContext is the same cluster.
+    context = SparkContext._active_spark_context
+    if context is None:
         raise RuntimeError("hora.spark.run needs an active SparkSession; create one first "
                            "(SparkSession.builder...getOrCreate())")
-    return session.sparkContext
+    return context
 
 
 def _start(sc: Any, token: str) -> Any:
