@@ -5,3 +5,5 @@ from __future__ import annotations
 
 SKIPPED: dict[str, str] = {}
 TIMINGS: dict[str, float] = {}
+# What the runs reached (accuracies, final worlds), as the examples printed it.
+RESULTS: dict[str, str] = {}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from cluster_report import SKIPPED, TIMINGS
+from cluster_report import RESULTS, SKIPPED, TIMINGS
 
 
 @pytest.hookimpl(trylast=True)
@@ -15,5 +15,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if TIMINGS:
         reporter.write_line("cluster tests measured: " + ", ".join(
             f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
+    for name, what in RESULTS.items():
+        reporter.write_line(f"cluster tests reached: {name}: {what}")
     for reason in SKIPPED.values():
         reporter.write_line(f"!!!!! {reason} !!!!!", red=True, bold=True)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_report import SKIPPED, TIMINGS
+from cluster_report import RESULTS, SKIPPED, TIMINGS
 from ray_cluster import RayCluster, RayUnavailable, ray_missing
 
 pytestmark = [pytest.mark.clusters, pytest.mark.timeout(300)]
@@ -72,6 +72,9 @@ def test_digits_on_two_nodes(cluster: RayCluster) -> None:
                                cluster.address, "--num-workers", "2", "--epochs", "8"],
                      "ray_digits")
     TIMINGS["ray_digits.py (fixed, 2 ranks)"] = time.monotonic() - began
+    RESULTS["ray_digits.py (RayExecutor)"] = "; ".join(
+        f"rank {r['rank']} on {r.get('host', '?')}: accuracy {r['accuracy']:.4f}, "
+        f"parameters {r['params']}" for r in results)
     assert [r["rank"] for r in results] == [0, 1]
     assert {r["host"] for r in results} == {cluster.head.address,
                                            cluster.host("h2").address}
@@ -170,6 +173,9 @@ def test_elastic_node_dies_and_joins(cluster: RayCluster) -> None:
     output = log.read_text(errors="replace")
     assert proc.returncode == 0, output[-6000:]
     results = json.loads(output.splitlines()[-1][len("RESULT "):])
+    RESULTS["ray_digits.py --elastic (h2 killed, h3 added)"] = "; ".join(
+        f"rank {r['rank']} on {r.get('host', '?')}: accuracy {r['accuracy']:.4f}, "
+        f"parameters {r['params']}" for r in results)
     assert [r["rank"] for r in results] == [0, 1]
     assert {r["host"] for r in results} == {cluster.head.address, cluster.host("h3").address}
     assert len({r["params"] for r in results}) == 1, results

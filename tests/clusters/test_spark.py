@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_report import SKIPPED, TIMINGS
+from cluster_report import RESULTS, SKIPPED, TIMINGS
 
 pytestmark = [pytest.mark.clusters, pytest.mark.timeout(420)]
 
@@ -140,6 +140,9 @@ def test_digits_on_two_tasks(spark: Any) -> None:
     began = time.monotonic()
     results = hora.spark.run(example.train, args=(train_rows, test_rows, args), num_proc=2)
     TIMINGS["hora.spark.run digits (2 tasks)"] = time.monotonic() - began
+    RESULTS["spark_digits (hora.spark.run)"] = "; ".join(
+        f"rank {r['rank']} on {r.get('host', '?')}: accuracy {r['accuracy']:.4f}, "
+        f"parameters {r['params']}" for r in results)
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["size"] == 2 for r in results)
     assert all(r["accuracy"] >= 0.90 for r in results), results
@@ -230,6 +233,9 @@ def test_elastic_survives_a_lost_executor(spark: Any, tmp_path: Path) -> None:
     assert not thread.is_alive(), "run_elastic did not return"
     assert "error" not in outcome, outcome.get("error")
     results = outcome["results"]
+    RESULTS["spark_digits (run_elastic, an executor killed)"] = "; ".join(
+        f"rank {r['rank']} on {r.get('host', '?')}: accuracy {r['accuracy']:.4f}, "
+        f"parameters {r['params']}" for r in results)
     assert [r["rank"] for r in results] == [0, 1]
     assert len({r["params"] for r in results}) == 1, results
     assert all(r["accuracy"] >= 0.85 for r in results), results
