@@ -136,3 +136,26 @@ bench-hosts: hosts-deps
 	@test -f $(STAMP) || $(MAKE) install
 	$(PY) bench/cross_host.py
 # ---- end multi-host ----------------------------------------------------------
+
+# ---- Ray and Spark clusters: hora.ray and hora.spark on real clusters (tests/clusters) ----
+# test_ray.py starts a Ray head and worker nodes in network namespaces (root, iproute2);
+# test_spark.py a local-cluster of two executor JVMs (Java 17). `make cluster-deps`
+# installs Ray, PySpark (hora[ray,spark]) and, as root with apt, openjdk-17-jre-headless
+# when missing; `make test` calls it, runs the suites when the tools are there, and
+# prints one loud line for each suite it skips. `make test-clusters` runs only them.
+CLUSTERS_MISSING = $(strip \
+  $(if $(filter 0,$(shell id -u)),,root) \
+  $(if $(shell command -v ip),,iproute2) \
+  $(if $(or $(shell command -v java),$(JAVA_HOME)),,openjdk-17-jre-headless))
+
+.PHONY: cluster-deps clusters-check test-clusters
+cluster-deps: $(TEST_STAMP)
+	-.ci/cluster-deps $(PY)
+
+test: clusters-check
+clusters-check: cluster-deps
+	@$(if $(CLUSTERS_MISSING),echo "!!! make test SKIPS part of hora on Ray/Spark (tests/clusters): missing $(CLUSTERS_MISSING); run 'make cluster-deps' as root !!!",true)
+
+test-clusters: $(TEST_STAMP) cluster-deps
+	$(PY) -m pytest -q tests/clusters
+# ---- end Ray and Spark -------------------------------------------------------
