@@ -21,7 +21,7 @@ Gradients are Horovod's (``horovod/tensorflow/mpi_ops.py``):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,9 @@ from ..torch import mpi_ops as _engine_ops
 from ..torch._basics import *  # noqa: F403 - the world, process sets and builds are shared
 from ..torch._basics import Average, ProcessSet, Sum, global_process_set, rank, size
 from ..torch.mpi_ops import ReduceOp, start_timeline, stop_timeline
+from . import _errors, _graph_ops
 from ._convert import to_numpy, to_torch
+from ._errors import engine_error  # noqa: F401 - elastic.py and scripts find it here
 
 # The torch layer's integer handles (poll, synchronize) stay there: TF's calls return tensors.
 _WORLD = [n for n in _basics.__all__ if n not in ("poll", "synchronize")]
@@ -61,46 +63,28 @@ def _graph_name(name: str | None, op: str, tensors: Sequence[Any],
     return f"tf.{op}{scope}.{base}"
 
 
-def _run(kernel: Callable[..., list[np.ndarray]], inputs: Sequence[Any],
-         tout: Sequence[tf.DType], shapes: Sequence[Any]) -> list[tf.Tensor]:
-    """Runs ``kernel`` on the inputs' values: now (eager), or as a graph op."""
+def _run(kernel: _graph_ops.Kernel, inputs: Sequence[Any], tout: Sequence[tf.DType],
+         shapes: Sequence[Any]) -> list[tf.Tensor]:
+    """Runs ``kernel`` on the inputs' values: now (eager), or as an asynchronous graph op."""
     if tf.executing_eagerly():
-        arrays = kernel(*[np.asarray(t) for t in inputs])
+        try:
+            handle, convert = kernel(*[np.asarray(t) for t in inputs])
+            arrays = convert(_sync(handle))
+        except HoraError as exc:
+            translated = _errors.translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(arrays, tout, strict=True)]
-    made: Any = tf.numpy_function(_remembering(kernel), list(inputs), list(tout), stateful=True)
-    outputs = list(made) if isinstance(made, (list, tuple)) else [made]
+
+    def blocking(*arrays: np.ndarray) -> list[np.ndarray]:
+        handle, convert = kernel(*arrays)
+        return convert(_sync(handle))
+
+    outputs = _graph_ops.graph_op(kernel, inputs, tout, blocking)
     for output, shape in zip(outputs, shapes, strict=True):
         output.set_shape(shape)
-    return list(outputs)
-
-
-# The last engine error raised inside a graph op: TensorFlow re-raises it as an
-# OpError, and the elastic loop needs the engine's type (HorovodInternalError...).
-_graph_failure: BaseException | None = None
-
-
-def _remembering(kernel: Callable[..., list[np.ndarray]]) -> Callable[..., list[np.ndarray]]:
-    def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        global _graph_failure
-        try:
-            return kernel(*arrays)
-        except HoraError as exc:
-            _graph_failure = exc
-            raise
-    return run
-
-
-def engine_error(exc: BaseException) -> BaseException | None:
-    """The engine's error behind ``exc``, a TensorFlow error from a collective in a graph."""
-    global _graph_failure
-    if isinstance(exc, HoraError):
-        return exc
-    failure = _graph_failure
-    if failure is not None and isinstance(exc, tf.errors.OpError) \
-            and type(failure).__name__ in str(exc):
-        _graph_failure = None
-        return failure
-    return None
+    return outputs
 
 
 def _rows_unknown(shape: tf.TensorShape) -> tf.TensorShape:
@@ -123,48 +107,50 @@ def _tensor(value: Any) -> Any:
     return tf.convert_to_tensor(value)
 
 
-# -- the kernels: numpy in, the engine's call, numpy out -----------------------------
+# -- the kernels: numpy in, the engine's call started, numpy out ---------------------
+
+
+def _outputs(result: Any) -> list[np.ndarray]:
+    return [to_numpy(t) for t in (result if isinstance(result, list) else [result])]
 
 
 def _allreduce_kernel(name: str | None, op: Any, pre: float, post: float,
-                      process_set: ProcessSet, grouped: bool) -> Callable[..., list[np.ndarray]]:
-    def kernel(*arrays: np.ndarray) -> list[np.ndarray]:
+                      process_set: ProcessSet, grouped: bool) -> _graph_ops.Kernel:
+    def kernel(*arrays: np.ndarray) -> tuple[int, Any]:
         # Copies: the engine reduces in place, and an eager tensor's numpy() may be its buffer.
         tensors = [to_torch(a, copy=True) for a in arrays]
         if not grouped:
-            return [to_numpy(_sync(_engine_ops.allreduce_async_(
+            return _engine_ops.allreduce_async_(
                 tensors[0], name=name, op=op, prescale_factor=pre, postscale_factor=post,
-                process_set=process_set)))]
-        return [to_numpy(t) for t in _sync(_engine_ops.grouped_allreduce_async_(
+                process_set=process_set), _outputs
+        return _engine_ops.grouped_allreduce_async_(
             tensors, name=name, op=op, prescale_factor=pre, postscale_factor=post,
-            process_set=process_set))]
+            process_set=process_set), _outputs
     return kernel
 
 
-def _allgather_kernel(name: str | None,
-                      process_set: ProcessSet) -> Callable[..., list[np.ndarray]]:
-    def kernel(*arrays: np.ndarray) -> list[np.ndarray]:
+def _allgather_kernel(name: str | None, process_set: ProcessSet) -> _graph_ops.Kernel:
+    def kernel(*arrays: np.ndarray) -> tuple[int, Any]:
         tensors = [to_torch(a) for a in arrays]
         if len(tensors) == 1:
-            return [to_numpy(_sync(_engine_ops.allgather_async(
-                tensors[0], name=name, process_set=process_set)))]
-        return [to_numpy(t) for t in _sync(_engine_ops.grouped_allgather_async(
-            tensors, name=name, process_set=process_set))]
+            return _engine_ops.allgather_async(tensors[0], name=name,
+                                               process_set=process_set), _outputs
+        return _engine_ops.grouped_allgather_async(tensors, name=name,
+                                                   process_set=process_set), _outputs
     return kernel
 
 
 def _reducescatter_kernel(name: str | None, op: Any, pre: float, post: float,
-                          process_set: ProcessSet,
-                          single: bool) -> Callable[..., list[np.ndarray]]:
-    def kernel(*arrays: np.ndarray) -> list[np.ndarray]:
+                          process_set: ProcessSet, single: bool) -> _graph_ops.Kernel:
+    def kernel(*arrays: np.ndarray) -> tuple[int, Any]:
         tensors = [to_torch(a) for a in arrays]
         if single:
-            return [to_numpy(_sync(_engine_ops.reducescatter_async(
-                tensors[0], name=name, op=op, process_set=process_set,
-                prescale_factor=pre, postscale_factor=post)))]
-        return [to_numpy(t) for t in _sync(_engine_ops.grouped_reducescatter_async(
+            return _engine_ops.reducescatter_async(
+                tensors[0], name=name, op=op, process_set=process_set, prescale_factor=pre,
+                postscale_factor=post), _outputs
+        return _engine_ops.grouped_reducescatter_async(
             tensors, name=name, op=op, process_set=process_set, prescale_factor=pre,
-            postscale_factor=post))]
+            postscale_factor=post), _outputs
     return kernel
 
 
@@ -331,10 +317,9 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     def forward(x: tf.Tensor) -> Any:
         cast_name = _graph_name(name, "broadcast", [x], process_set)
 
-        def kernel(array: np.ndarray) -> list[np.ndarray]:
-            handle = _engine_ops.broadcast_async_(to_torch(array, copy=True), root_rank,
-                                                  name=cast_name, process_set=process_set)
-            return [to_numpy(_sync(handle))]
+        def kernel(array: np.ndarray) -> tuple[int, Any]:
+            return _engine_ops.broadcast_async_(to_torch(array, copy=True), root_rank,
+                                                name=cast_name, process_set=process_set), _outputs
 
         (y,) = _run(kernel, [x], [x.dtype], [x.shape])
 
@@ -357,6 +342,11 @@ def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | Non
 # -- alltoall ------------------------------------------------------------------------
 
 
+def _alltoall_outputs(result: Any) -> list[np.ndarray]:
+    out, received = result
+    return [to_numpy(out), np.asarray(received, dtype=np.int32).reshape(-1)]
+
+
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
              ignore_name_scope: bool = False,
              process_set: ProcessSet = global_process_set) -> Any:
@@ -375,11 +365,10 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     def forward(x: tf.Tensor, s: tf.Tensor) -> Any:
         call_name = _graph_name(name, "alltoall", [x], process_set)
 
-        def kernel(array: np.ndarray, split_array: np.ndarray) -> list[np.ndarray]:
+        def kernel(array: np.ndarray, split_array: np.ndarray) -> tuple[int, Any]:
             given = None if splits is None else [int(v) for v in split_array]
-            out, received = _sync(_engine_ops.alltoall_async(
-                to_torch(array), given, name=call_name, process_set=process_set))
-            return [to_numpy(out), np.asarray(received, dtype=np.int32).reshape(-1)]
+            return _engine_ops.alltoall_async(to_torch(array), given, name=call_name,
+                                              process_set=process_set), _alltoall_outputs
 
         y, received = _run(kernel, [x, s], [x.dtype, tf.int32],
                            [_rows_unknown(x.shape), tf.TensorShape([process_set.size()])])

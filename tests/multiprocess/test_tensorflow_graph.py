@@ -1,0 +1,78 @@
+"""hora.tensorflow's graph ops over a real coordinator and real Gloo: a TF1 Session graph
+with sixteen independent collectives of mixed dtypes never deadlocks, whatever the
+inter-op pool size (one and two threads), on 2 and on 3 ranks; and hora's errors are
+TensorFlow's classes (eager, tf.function, Session graph).
+
+One multi-process run per rank count checks everything (tests/multiprocess/tf_graph_scenarios.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tf_graph_scenarios import GRAPH_CALLS, THREADS, splits_of, value
+
+from tests.support.coordinator import CoordinatorProcess
+from tests.support.workers import run_workers
+
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("TensorFlow is not installed", allow_module_level=True)
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+SCENARIOS = Path(__file__).with_name("tf_graph_scenarios.py")
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_NUM_INTEROP_THREADS": "2",
+       "TF_NUM_INTRAOP_THREADS": "1"}
+
+
+def _expected(key: str, call: str, dtypes: list[str], rank: int, size: int) -> list[np.ndarray]:
+    full = [value(r, 2 * size) for r in range(size)]
+    ragged = [value(r, r + 1) for r in range(size)]
+    if call == "allreduce":
+        stack = np.stack(full)
+        return [{"sum": stack.sum(0), "avg": stack.sum(0) / size, "max": stack.max(0)}[
+            key.split("_")[0]]]
+    if call == "allgather":
+        return [np.concatenate(ragged)]
+    if call == "broadcast":
+        return [full[size - 1 if "f32" in key else 0]]
+    if call == "alltoall":
+        sent = [np.split(value(s, sum(splits_of(s, size))), np.cumsum(splits_of(s, size))[:-1])
+                for s in range(size)]
+        return [np.concatenate([sent[s][rank] for s in range(size)]),
+                np.array([splits_of(s, size)[rank] for s in range(size)], np.float64)]
+    if call == "alltoall_even":
+        return [np.concatenate([np.split(full[s], size)[rank] for s in range(size)])]
+    if call == "reducescatter":
+        return [np.stack(full).sum(0)[2 * rank:2 * rank + 2]]
+    if call == "grouped_allreduce":
+        return [np.stack(full).sum(0)] * len(dtypes)
+    if call == "grouped_allgather":
+        return [np.concatenate(ragged)] * len(dtypes)
+    return [np.stack(full).sum(0)[2 * rank:2 * rank + 2]] * len(dtypes)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_session_graph_of_independent_collectives_never_deadlocks(size):
+    with CoordinatorProcess(["--lease-s", "10"]) as coordinator:
+        results = [r.value for r in run_workers(coordinator, size, SCENARIOS,
+                                                "independent_collectives", env=ENV,
+                                                timeout=240)]
+    for rank, got in enumerate(results):
+        for threads in THREADS:
+            for key, call, dtypes in GRAPH_CALLS:
+                expected = _expected(key, call, dtypes, rank, size)
+                assert len(got[threads][key]) == len(expected), key
+                for actual, want in zip(got[threads][key], expected, strict=True):
+                    np.testing.assert_allclose(actual, want, rtol=1e-2, err_msg=key)
+            total = sum(value(r, 2 * size) for r in range(size))
+            np.testing.assert_allclose(got[(threads, "alone")][0], total)
+            np.testing.assert_allclose(got[(threads, "fed")][0],
+                                       [size, size * (size - 1) / 2])
+            # d/dw sum(allgather(3w)^2): the average over ranks of the gradient of the
+            # gathered tensor (the same everywhere), this rank's rows, times 3.
+            np.testing.assert_allclose(got[(threads, "grad")][0],
+                                       18 * np.array([rank + 1, 2.0]))
