@@ -108,3 +108,108 @@ def independent_collectives() -> dict:
                     needs_feed, {fed: [1.0, float(rank)]})])
                 result[(threads, "grad")] = _numpy([session.run(grad)])
     return result
+
+
+def _expect(record: dict, key: str, cls, call, check=None) -> None:
+    """Records whether ``call()`` raised ``cls`` (and the engine's error behind it)."""
+    import hora.tensorflow as hvd
+
+    try:
+        call()
+    except cls as exc:
+        behind = hvd.mpi_ops.engine_error(exc)
+        record[key] = ("caught", type(exc).__name__, type(behind).__name__)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        record[key] = ("other", type(exc).__name__, str(exc)[:400])
+    else:
+        record[key] = ("no error",)
+
+
+def errors() -> dict:
+    """Every invalid call, eager, in tf.function and in a Session graph, each caught as
+    the TensorFlow class Horovod raises; a valid call after each must still work."""
+    import tensorflow as tf
+
+    import hora.tensorflow as hvd
+
+    rank, size = hvd.rank(), hvd.size()
+    record: dict = {}
+    after: list = []
+    first = hvd.add_process_set([0])
+    unknown = hvd.ProcessSet([0, 1])  # never added
+
+    def valid() -> None:
+        after.append(float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="after").numpy()))
+
+    eager_calls = {
+        "shape": (tf.errors.FailedPreconditionError, lambda: hvd.allreduce(
+            tf.ones([rank + 1]), name="shape")),
+        "dtype": (tf.errors.FailedPreconditionError, lambda: hvd.allreduce(
+            tf.ones([2], tf.float32 if rank else tf.float64), name="dtype")),
+        "root": (tf.errors.FailedPreconditionError, lambda: hvd.broadcast(
+            tf.ones([2]), root_rank=rank, name="root")),
+        "op": (tf.errors.FailedPreconditionError, lambda: hvd.allreduce(
+            tf.ones([2]), op=hvd.Sum if rank else hvd.Max, name="op")),
+        "splits": (tf.errors.InvalidArgumentError, lambda: hvd.alltoall(
+            tf.ones([3, 2]), splits=[5] + [0] * (size - 1), name="splits")),
+        "divisible": (tf.errors.InvalidArgumentError, lambda: hvd.alltoall(
+            tf.ones([size + 1, 2]), name="divisible")),
+        "unknown_set": (ValueError, lambda: hvd.allreduce(tf.ones([2]), process_set=unknown)),
+        "sparse_scale": (NotImplementedError, lambda: hvd.allreduce(
+            tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0])), prescale_factor=2.0)),
+        "global_variables": (RuntimeError, lambda: hvd.broadcast_global_variables(0)),
+    }
+    for key, (cls, call) in eager_calls.items():
+        _expect(record, f"eager.{key}", cls, call)
+        valid()
+    record["eager.hvd_class"] = []
+    try:
+        hvd.alltoall(tf.ones([3, 2]), splits=[5] + [0] * (size - 1), name="splits2")
+    except hvd.InvalidCallError as exc:  # hora's class catches it too
+        record["eager.hvd_class"] = [c.__name__ for c in type(exc).__mro__]
+    valid()
+
+    @tf.function
+    def mismatched(x):
+        return hvd.allreduce(x, name="fn.shape")
+
+    @tf.function
+    def bad_splits(x):
+        return hvd.alltoall(x, splits=[5] + [0] * (size - 1), name="fn.splits")
+
+    _expect(record, "function.shape", tf.errors.FailedPreconditionError,
+            lambda: mismatched(tf.ones([rank + 1])))
+    valid()
+    _expect(record, "function.splits", tf.errors.InvalidArgumentError,
+            lambda: bad_splits(tf.ones([3, 2])))
+    valid()
+
+    with tf.Graph().as_default():
+        shape = hvd.allreduce(tf.ones([rank + 1]), name="graph.shape")
+        splits = hvd.alltoall(tf.ones([3, 2]), splits=[5] + [0] * (size - 1),
+                              name="graph.splits")
+        fine = hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="graph.after")
+        variable = tf.compat.v1.get_variable("w", initializer=tf.fill([2], float(rank + 5)))
+        _expect(record, "graph.unknown_set", ValueError,
+                lambda: hvd.allreduce(tf.ones([2]), process_set=unknown))
+        sync = hvd.broadcast_global_variables(size - 1)
+        sizes = [hvd.size_op(), hvd.size_op(process_set_id=first.process_set_id),
+                 hvd.process_set_included_op(process_set_id=first.process_set_id)]
+        _expect(record, "graph.size_op_unknown", ValueError, lambda: hvd.size_op(99))
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for key, op, cls in (("graph.shape", shape, tf.errors.FailedPreconditionError),
+                                 ("graph.splits", splits, tf.errors.InvalidArgumentError)):
+                _expect(record, key, cls, lambda op=op: session.run(op))
+                after.append(float(session.run(fine)))
+            session.run(sync)
+            record["graph.global_variables"] = session.run(variable).tolist()
+            record["graph.sizes"] = [int(v) for v in session.run(sizes)]
+    hvd.remove_process_set(first)
+    record["after"] = after
+    return record
+
+
+def everything() -> dict:
+    """Both scenarios in one launch (TensorFlow's import costs seconds per process)."""
+    return {"graph": independent_collectives(), "errors": errors()}

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from .. import _runtime
 from ..errors import HoraError
 from ..torch import _basics
 from ..torch import mpi_ops as _engine_ops
@@ -54,8 +55,16 @@ _sync = _engine_ops.synchronize
 
 def _graph_name(name: str | None, op: str, tensors: Sequence[Any],
                 process_set: ProcessSet) -> str | None:
-    """The name of an unnamed collective in a graph: from its tensors' names, as Horovod's."""
-    if name is not None or tf.executing_eagerly():
+    """The name of an unnamed collective in a graph: from its tensors' names, as Horovod's.
+
+    Raises:
+        ValueError: in a graph, the process set is not registered (as Horovod, when the
+            op is built).
+    """
+    if tf.executing_eagerly():
+        return name
+    _basics.check_process_set(process_set)
+    if name is not None:
         return name
     base = "..".join(dict.fromkeys(re.sub(r"[^\w./-]", "_", t.name) for t in (
         tensors[0], tensors[-1])))
@@ -114,6 +123,12 @@ def _outputs(result: Any) -> list[np.ndarray]:
     return [to_numpy(t) for t in (result if isinstance(result, list) else [result])]
 
 
+def _shaped_like(arrays: Sequence[np.ndarray]) -> Any:
+    """Outputs in the inputs' shapes (the engine hands a scalar back as one element)."""
+    return lambda result: [o.reshape(a.shape) for o, a in zip(_outputs(result), arrays,
+                                                                strict=True)]
+
+
 def _allreduce_kernel(name: str | None, op: Any, pre: float, post: float,
                       process_set: ProcessSet, grouped: bool) -> _graph_ops.Kernel:
     def kernel(*arrays: np.ndarray) -> tuple[int, Any]:
@@ -122,10 +137,10 @@ def _allreduce_kernel(name: str | None, op: Any, pre: float, post: float,
         if not grouped:
             return _engine_ops.allreduce_async_(
                 tensors[0], name=name, op=op, prescale_factor=pre, postscale_factor=post,
-                process_set=process_set), _outputs
+                process_set=process_set), _shaped_like(arrays)
         return _engine_ops.grouped_allreduce_async_(
             tensors, name=name, op=op, prescale_factor=pre, postscale_factor=post,
-            process_set=process_set), _outputs
+            process_set=process_set), _shaped_like(arrays)
     return kernel
 
 
@@ -194,6 +209,9 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     if isinstance(tensor, tf.IndexedSlices):
         if op not in (Average, Sum):
             raise NotImplementedError("sparse allreduce supports op Average and Sum only")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("prescale_factor and postscale_factor are not supported "
+                                      "for tf.IndexedSlices (sparse) allreduce")
         values = allgather(tensor.values, name=None if name is None else f"{name}.values",
                            process_set=process_set)
         indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices",
@@ -319,7 +337,8 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
 
         def kernel(array: np.ndarray) -> tuple[int, Any]:
             return _engine_ops.broadcast_async_(to_torch(array, copy=True), root_rank,
-                                                name=cast_name, process_set=process_set), _outputs
+                                                name=cast_name, process_set=process_set), \
+                _shaped_like([array])
 
         (y,) = _run(kernel, [x], [x.dtype], [x.shape])
 
@@ -448,9 +467,16 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     _engine_ops.barrier(process_set=process_set)
 
 
+def _set_ranks(process_set_id: int) -> tuple[int, ...]:
+    """The ranks of a registered process set (ValueError when there is none with that id)."""
+    if process_set_id == 0:
+        return tuple(range(size()))
+    return tuple(_runtime.current().engine.process_set(process_set_id).ranks)
+
+
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    del process_set_id
-    return tf.constant(size(), dtype=tf.int32, name=name)
+    """The number of ranks in the process set (the world by default), on every rank."""
+    return tf.constant(len(_set_ranks(process_set_id)), dtype=tf.int32, name=name)
 
 
 def local_size_op(name: str | None = None) -> tf.Tensor:
@@ -466,6 +492,5 @@ def local_rank_op(name: str | None = None) -> tf.Tensor:
 
 
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    del process_set_id
-    return tf.constant(1, dtype=tf.int32, name=name)
-
+    """1 if this rank is in the process set, else 0."""
+    return tf.constant(int(rank() in _set_ranks(process_set_id)), dtype=tf.int32, name=name)
