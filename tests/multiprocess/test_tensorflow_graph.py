@@ -55,13 +55,17 @@ def _expected(key: str, call: str, dtypes: list[str], rank: int, size: int) -> l
     return [np.stack(full).sum(0)[2 * rank:2 * rank + 2]] * len(dtypes)
 
 
-@pytest.mark.parametrize("size", [2, 3])
-def test_a_session_graph_of_independent_collectives_never_deadlocks(size):
+@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
+def runs(request):
+    """(size, every rank's results): one launch per rank count."""
     with CoordinatorProcess(["--lease-s", "10"]) as coordinator:
-        results = [r.value for r in run_workers(coordinator, size, SCENARIOS,
-                                                "independent_collectives", env=ENV,
-                                                timeout=240)]
-    for rank, got in enumerate(results):
+        return request.param, [r.value for r in run_workers(
+            coordinator, request.param, SCENARIOS, "everything", env=ENV, timeout=240)]
+
+
+def test_a_session_graph_of_independent_collectives_never_deadlocks(runs):
+    size, results = runs
+    for rank, got in enumerate(r["graph"] for r in results):
         for threads in THREADS:
             for key, call, dtypes in GRAPH_CALLS:
                 expected = _expected(key, call, dtypes, rank, size)
@@ -76,3 +80,33 @@ def test_a_session_graph_of_independent_collectives_never_deadlocks(size):
             # gathered tensor (the same everywhere), this rank's rows, times 3.
             np.testing.assert_allclose(got[(threads, "grad")][0],
                                        18 * np.array([rank + 1, 2.0]))
+
+
+EXPECTED_ERRORS = {
+    # key: (the class the scenario caught, the engine's error behind it)
+    **{f"eager.{k}": ("TensorMismatchError", "TensorMismatchError")
+       for k in ("shape", "dtype", "root", "op")},
+    **{f"eager.{k}": ("InvalidCallError", "InvalidCallError")
+       for k in ("splits", "divisible", "unknown_set")},
+    "eager.sparse_scale": ("NotImplementedError", "NoneType"),
+    "eager.global_variables": ("RuntimeError", "NoneType"),
+    "function.shape": ("FailedPreconditionError", "TensorMismatchError"),
+    "function.splits": ("InvalidArgumentError", "InvalidCallError"),
+    "graph.shape": ("FailedPreconditionError", "TensorMismatchError"),
+    "graph.splits": ("InvalidArgumentError", "InvalidCallError"),
+    "graph.unknown_set": ("InvalidCallError", "InvalidCallError"),
+    "graph.size_op_unknown": ("ValueError", "NoneType"),
+}
+
+
+def test_errors_are_tensorflows_classes_and_the_next_call_works(runs):
+    size, results = runs
+    for rank, got in enumerate(r["errors"] for r in results):
+        for key, (caught, behind) in EXPECTED_ERRORS.items():
+            assert got[key] == ("caught", caught, behind), (rank, key, got[key])
+        # Eager errors are both TensorFlow's class and hora's.
+        mro = got["eager.hvd_class"]
+        assert "InvalidArgumentError" in mro and "HoraError" in mro, mro
+        assert got["after"] == [float(size)] * 14
+        assert got["graph.global_variables"] == [float(size + 4)] * 2  # the last rank's
+        assert got["graph.sizes"] == [size, 1, int(rank == 0)]

@@ -178,7 +178,8 @@ def _write_outputs(native: Any, request: int, outputs: list[np.ndarray],
                    dtypes: list[np.dtype]) -> bool:
     nbytes = ctypes.c_int64()
     for i, (output, dtype) in enumerate(zip(outputs, dtypes, strict=True)):
-        array = np.ascontiguousarray(np.asarray(output).astype(dtype, copy=False))
+        # (Not np.ascontiguousarray: it makes a scalar a 1-element vector.)
+        array = np.asarray(output).astype(dtype, order="C", copy=False)
         dims = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
         target = native.hora_tf_output(request, i, array.ndim, dims, ctypes.byref(nbytes))
         if not target:

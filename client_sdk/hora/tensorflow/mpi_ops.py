@@ -123,12 +123,6 @@ def _outputs(result: Any) -> list[np.ndarray]:
     return [to_numpy(t) for t in (result if isinstance(result, list) else [result])]
 
 
-def _shaped_like(arrays: Sequence[np.ndarray]) -> Any:
-    """Outputs in the inputs' shapes (the engine hands a scalar back as one element)."""
-    return lambda result: [o.reshape(a.shape) for o, a in zip(_outputs(result), arrays,
-                                                                strict=True)]
-
-
 def _allreduce_kernel(name: str | None, op: Any, pre: float, post: float,
                       process_set: ProcessSet, grouped: bool) -> _graph_ops.Kernel:
     def kernel(*arrays: np.ndarray) -> tuple[int, Any]:
@@ -137,10 +131,10 @@ def _allreduce_kernel(name: str | None, op: Any, pre: float, post: float,
         if not grouped:
             return _engine_ops.allreduce_async_(
                 tensors[0], name=name, op=op, prescale_factor=pre, postscale_factor=post,
-                process_set=process_set), _shaped_like(arrays)
+                process_set=process_set), _outputs
         return _engine_ops.grouped_allreduce_async_(
             tensors, name=name, op=op, prescale_factor=pre, postscale_factor=post,
-            process_set=process_set), _shaped_like(arrays)
+            process_set=process_set), _outputs
     return kernel
 
 
@@ -337,8 +331,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
 
         def kernel(array: np.ndarray) -> tuple[int, Any]:
             return _engine_ops.broadcast_async_(to_torch(array, copy=True), root_rank,
-                                                name=cast_name, process_set=process_set), \
-                _shaped_like([array])
+                                                name=cast_name, process_set=process_set), _outputs
 
         (y,) = _run(kernel, [x], [x.dtype], [x.shape])
 
