@@ -2,12 +2,18 @@
 
 Each collective is one call of :mod:`hora.torch`'s (the same negotiation,
 fusion, response cache, timeline and errors), with the tensors converted at
-the edge (:mod:`._convert`). In eager mode the call runs at once; inside a
-``tf.function`` it becomes a stateful ``tf.numpy_function`` with its output
-shape set, so that ``tf.function`` runs the collectives in program order on
-every rank. Unnamed collectives take the name of their input tensor in a
-graph (the same on every rank, also when ranks trace a function a different
-number of times) and the engine's automatic name in eager mode.
+the edge (:mod:`._convert`). In eager mode the call runs at once; in a graph
+(``tf.function`` or a ``tf.compat.v1`` Session) it becomes one asynchronous
+op (:mod:`._graph_ops`): the order a graph's collectives start in does not
+matter, the engine negotiates which are ready on every rank, as Horovod's
+``AsyncOpKernel``s do. Unnamed collectives take the name of their input
+tensor in a graph (the same on every rank, also when ranks trace a function
+a different number of times) and the engine's automatic name in eager mode.
+
+Errors are TensorFlow's classes (:mod:`._errors`): ranks that disagree on a
+call raise ``tf.errors.FailedPreconditionError``, an invalid call
+``tf.errors.InvalidArgumentError`` (eager: classes with hora's bases too),
+an unregistered process set ``ValueError`` when a graph op is built.
 
 Gradients are Horovod's (``horovod/tensorflow/mpi_ops.py``):
 
