@@ -25,6 +25,7 @@ fall back to a blocking ``tf.numpy_function``, with a warning.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import itertools
@@ -72,12 +73,26 @@ def _load() -> Any:
             native = ctypes.CDLL(path)  # the same loaded object: dlopen shares it
             _declare(native)
             _library = (ops, native)
-            completions: queue.SimpleQueue[tuple[int, int, Any]] = queue.SimpleQueue()
-            for target, args in ((_dispatch, (native, completions)),
-                                 (_complete, (native, completions))):
-                threading.Thread(target=target, args=args, daemon=True,
-                                 name=f"hora-tf-{target.__name__.strip('_')}").start()
+            completions: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            threads = [threading.Thread(target=target, args=(native, completions), daemon=True,
+                                        name=f"hora-tf-{target.__name__.strip('_')}")
+                       for target in (_dispatch, _complete)]
+            for thread in threads:
+                thread.start()
+            atexit.register(_stop, threads, completions)
     return _library
+
+
+_stopping = threading.Event()
+
+
+def _stop(threads: list[threading.Thread], completions: queue.SimpleQueue[Any]) -> None:
+    """Ends both threads before the interpreter finalizes: a daemon thread that comes back
+    from the library into a finalizing interpreter can hang the process's exit."""
+    _stopping.set()
+    completions.put(None)
+    for thread in threads:
+        thread.join(timeout=5)
 
 
 def _declare(native: Any) -> None:
@@ -127,7 +142,7 @@ def _read_inputs(native: Any, request: int) -> list[np.ndarray]:
             raise _errors.InvalidCallError(f"collectives do not take {kind.name} tensors")
         # A copy: the engine may write in place, and TF's inputs are not ours to change.
         array = np.empty(tuple(dims[:ndims.value]), np.dtype(kind.as_numpy_dtype))
-        if nbytes.value:
+        if nbytes.value and data.value is not None:
             ctypes.memmove(array.ctypes.data, data.value, nbytes.value)
         arrays.append(array)
     return arrays
@@ -160,9 +175,9 @@ def _when_done(handle: Any, callback: Callable[[], None]) -> None:
         part.add_done_callback(one_done)
 
 
-def _dispatch(native: Any, completions: queue.SimpleQueue[tuple[int, int, Any]]) -> None:
-    while True:
-        request = native.hora_tf_next(1000)
+def _dispatch(native: Any, completions: queue.SimpleQueue[Any]) -> None:
+    while not _stopping.is_set():
+        request = native.hora_tf_next(200)
         if not request:
             continue
         try:
@@ -192,9 +207,12 @@ def _write_outputs(native: Any, request: int, outputs: list[np.ndarray],
     return True
 
 
-def _complete(native: Any, completions: queue.SimpleQueue[tuple[int, int, Any]]) -> None:
+def _complete(native: Any, completions: queue.SimpleQueue[Any]) -> None:
     while True:
-        request, handle_id, (convert, dtypes) = completions.get()
+        item = completions.get()
+        if item is None:
+            return
+        request, handle_id, (convert, dtypes) = item
         try:
             _write_outputs(native, request, convert(_engine_ops.synchronize(handle_id)), dtypes)
         except BaseException as exc:  # noqa: BLE001 - the op fails with it, the thread goes on
