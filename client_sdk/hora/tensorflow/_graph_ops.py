@@ -153,9 +153,22 @@ def _fail(native: Any, request: int, exc: BaseException) -> None:
     native.hora_tf_finish(request, _errors.status_code(exc), message.encode("utf-8", "replace"))
 
 
+def _parts(handle: Any) -> list[Any] | None:
+    """The engine handles a composite handle (a group, Adasum, sparse) is done with; None for
+    an engine handle itself. Composites are done when their parts are, and never complete
+    (nor call back) themselves."""
+    if hasattr(handle, "handles"):
+        return list(handle.handles)
+    if hasattr(handle, "inner"):
+        return [handle.inner]
+    if hasattr(handle, "indices") and hasattr(handle, "values"):
+        return [handle.indices, handle.values]
+    return None
+
+
 def _when_done(handle: Any, callback: Callable[[], None]) -> None:
     """Calls ``callback()`` once ``handle`` is done; a grouped call's once all its parts are."""
-    parts = getattr(handle, "handles", None)  # a group's handle completes with its parts
+    parts = _parts(handle)
     if parts is None:
         handle.add_done_callback(lambda _handle: callback())
         return
