@@ -80,6 +80,7 @@ def test_a_session_graph_of_independent_collectives_never_deadlocks(runs):
             # gathered tensor (the same everywhere), this rank's rows, times 3.
             np.testing.assert_allclose(got[(threads, "grad")][0],
                                        18 * np.array([rank + 1, 2.0]))
+            np.testing.assert_allclose(got[(threads, "adasum")][0], got["adasum"][0])
 
 
 EXPECTED_ERRORS = {

@@ -95,6 +95,7 @@ def independent_collectives() -> dict:
         weight = tf.constant([float(rank + 1), 2.0])
         gathered = hvd.allgather(weight * 3.0)
         (grad,) = tf.gradients(tf.reduce_sum(gathered * gathered), [weight])
+        adasum = hvd.allreduce(weight, op=hvd.Adasum, name="adasum")
         for threads in THREADS:
             config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
                                               intra_op_parallelism_threads=1)
@@ -107,6 +108,10 @@ def independent_collectives() -> dict:
                 result[(threads, "fed")] = _numpy([session.run(
                     needs_feed, {fed: [1.0, float(rank)]})])
                 result[(threads, "grad")] = _numpy([session.run(grad)])
+                result[(threads, "adasum")] = _numpy([session.run(adasum)])
+    # The same Adasum, eager: a graph's composite handle (Adasum's) completes its op too.
+    result["adasum"] = _numpy([hvd.allreduce(tf.constant([float(rank + 1), 2.0]),
+                                             op=hvd.Adasum, name="adasum.eager")])
     return result
 
 
