@@ -37,7 +37,7 @@ _HANDLE_LOCK = threading.Lock()
 class Handle:
     """The future of one enqueued collective."""
 
-    __slots__ = ("name", "_finished", "_event", "_result", "_error", "driver")
+    __slots__ = ("name", "_finished", "_event", "_result", "_error", "driver", "_callbacks")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -52,6 +52,7 @@ class Handle:
         # the rounds itself (until the deadline, a monotonic time) instead of
         # handing them to a thread and back.
         self.driver: Callable[[Handle, float | None], None] | None = None
+        self._callbacks: list[Callable[[Handle], None]] | None = None
 
     def done(self) -> bool:
         return self._finished
@@ -60,8 +61,26 @@ class Handle:
         with _HANDLE_LOCK:
             self._finished = True
             event = self._event
+            callbacks, self._callbacks = self._callbacks, None
         if event is not None:
             event.set()
+        for callback in callbacks or ():
+            try:
+                callback(self)
+            except Exception:  # a callback's bug must not break the round that completed it
+                log.exception("a done callback of tensor %r failed", self.name)
+
+    def add_done_callback(self, callback: Callable[[Handle], None]) -> None:
+        """Calls ``callback(handle)`` once the handle is done (now, if it already is).
+
+        It runs in the thread that completes the handle (often the engine's
+        round), so it must be quick and must not block: hand the work over.
+        """
+        with _HANDLE_LOCK:
+            if not self._finished:
+                self._callbacks = [*(self._callbacks or ()), callback]
+                return
+        callback(self)
 
     def set_result(self, result: Any) -> None:
         self._result = result

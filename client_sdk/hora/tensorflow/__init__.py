@@ -115,8 +115,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,  # noqa: N802
         groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
 
 
-def broadcast_global_variables(root_rank: int) -> None:
-    """Broadcasts TF1's global variables from ``root_rank`` (TF2: use broadcast_variables)."""
+def broadcast_global_variables(root_rank: int) -> Any:
+    """An op broadcasting TF1's global variables from ``root_rank``; RuntimeError when eager."""
     from .keras import broadcast_global_variables as _broadcast
 
-    _broadcast(root_rank)
+    return _broadcast(root_rank)

@@ -2,12 +2,18 @@
 
 Each collective is one call of :mod:`hora.torch`'s (the same negotiation,
 fusion, response cache, timeline and errors), with the tensors converted at
-the edge (:mod:`._convert`). In eager mode the call runs at once; inside a
-``tf.function`` it becomes a stateful ``tf.numpy_function`` with its output
-shape set, so that ``tf.function`` runs the collectives in program order on
-every rank. Unnamed collectives take the name of their input tensor in a
-graph (the same on every rank, also when ranks trace a function a different
-number of times) and the engine's automatic name in eager mode.
+the edge (:mod:`._convert`). In eager mode the call runs at once; in a graph
+(``tf.function`` or a ``tf.compat.v1`` Session) it becomes one asynchronous
+op (:mod:`._graph_ops`): the order a graph's collectives start in does not
+matter, the engine negotiates which are ready on every rank, as Horovod's
+``AsyncOpKernel``s do. Unnamed collectives take the name of their input
+tensor in a graph (the same on every rank, also when ranks trace a function
+a different number of times) and the engine's automatic name in eager mode.
+
+Errors are TensorFlow's classes (:mod:`._errors`): ranks that disagree on a
+call raise ``tf.errors.FailedPreconditionError``, an invalid call
+``tf.errors.InvalidArgumentError`` (eager: classes with hora's bases too),
+an unregistered process set ``ValueError`` when a graph op is built.
 
 Gradients are Horovod's (``horovod/tensorflow/mpi_ops.py``):
 
@@ -21,19 +27,22 @@ Gradients are Horovod's (``horovod/tensorflow/mpi_ops.py``):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from .. import _runtime
 from ..errors import HoraError
 from ..torch import _basics
 from ..torch import mpi_ops as _engine_ops
 from ..torch._basics import *  # noqa: F403 - the world, process sets and builds are shared
 from ..torch._basics import Average, ProcessSet, Sum, global_process_set, rank, size
 from ..torch.mpi_ops import ReduceOp, start_timeline, stop_timeline
+from . import _errors, _graph_ops
 from ._convert import to_numpy, to_torch
+from ._errors import engine_error  # noqa: F401 - elastic.py and scripts find it here
 
 # The torch layer's integer handles (poll, synchronize) stay there: TF's calls return tensors.
 _WORLD = [n for n in _basics.__all__ if n not in ("poll", "synchronize")]
@@ -52,8 +61,16 @@ _sync = _engine_ops.synchronize
 
 def _graph_name(name: str | None, op: str, tensors: Sequence[Any],
                 process_set: ProcessSet) -> str | None:
-    """The name of an unnamed collective in a graph: from its tensors' names, as Horovod's."""
-    if name is not None or tf.executing_eagerly():
+    """The name of an unnamed collective in a graph: from its tensors' names, as Horovod's.
+
+    Raises:
+        ValueError: in a graph, the process set is not registered (as Horovod, when the
+            op is built).
+    """
+    if tf.executing_eagerly():
+        return name
+    _basics.check_process_set(process_set)
+    if name is not None:
         return name
     base = "..".join(dict.fromkeys(re.sub(r"[^\w./-]", "_", t.name) for t in (
         tensors[0], tensors[-1])))
@@ -61,46 +78,28 @@ def _graph_name(name: str | None, op: str, tensors: Sequence[Any],
     return f"tf.{op}{scope}.{base}"
 
 
-def _run(kernel: Callable[..., list[np.ndarray]], inputs: Sequence[Any],
-         tout: Sequence[tf.DType], shapes: Sequence[Any]) -> list[tf.Tensor]:
-    """Runs ``kernel`` on the inputs' values: now (eager), or as a graph op."""
+def _run(kernel: _graph_ops.Kernel, inputs: Sequence[Any], tout: Sequence[tf.DType],
+         shapes: Sequence[Any]) -> list[tf.Tensor]:
+    """Runs ``kernel`` on the inputs' values: now (eager), or as an asynchronous graph op."""
     if tf.executing_eagerly():
-        arrays = kernel(*[np.asarray(t) for t in inputs])
+        try:
+            handle, convert = kernel(*[np.asarray(t) for t in inputs])
+            arrays = convert(_sync(handle))
+        except HoraError as exc:
+            translated = _errors.translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(arrays, tout, strict=True)]
-    made: Any = tf.numpy_function(_remembering(kernel), list(inputs), list(tout), stateful=True)
-    outputs = list(made) if isinstance(made, (list, tuple)) else [made]
+
+    def blocking(*arrays: np.ndarray) -> list[np.ndarray]:
+        handle, convert = kernel(*arrays)
+        return convert(_sync(handle))
+
+    outputs = _graph_ops.graph_op(kernel, inputs, tout, blocking)
     for output, shape in zip(outputs, shapes, strict=True):
         output.set_shape(shape)
-    return list(outputs)
-
-
-# The last engine error raised inside a graph op: TensorFlow re-raises it as an
-# OpError, and the elastic loop needs the engine's type (HorovodInternalError...).
-_graph_failure: BaseException | None = None
-
-
-def _remembering(kernel: Callable[..., list[np.ndarray]]) -> Callable[..., list[np.ndarray]]:
-    def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        global _graph_failure
-        try:
-            return kernel(*arrays)
-        except HoraError as exc:
-            _graph_failure = exc
-            raise
-    return run
-
-
-def engine_error(exc: BaseException) -> BaseException | None:
-    """The engine's error behind ``exc``, a TensorFlow error from a collective in a graph."""
-    global _graph_failure
-    if isinstance(exc, HoraError):
-        return exc
-    failure = _graph_failure
-    if failure is not None and isinstance(exc, tf.errors.OpError) \
-            and type(failure).__name__ in str(exc):
-        _graph_failure = None
-        return failure
-    return None
+    return outputs
 
 
 def _rows_unknown(shape: tf.TensorShape) -> tf.TensorShape:
@@ -123,48 +122,50 @@ def _tensor(value: Any) -> Any:
     return tf.convert_to_tensor(value)
 
 
-# -- the kernels: numpy in, the engine's call, numpy out -----------------------------
+# -- the kernels: numpy in, the engine's call started, numpy out ---------------------
+
+
+def _outputs(result: Any) -> list[np.ndarray]:
+    return [to_numpy(t) for t in (result if isinstance(result, list) else [result])]
 
 
 def _allreduce_kernel(name: str | None, op: Any, pre: float, post: float,
-                      process_set: ProcessSet, grouped: bool) -> Callable[..., list[np.ndarray]]:
-    def kernel(*arrays: np.ndarray) -> list[np.ndarray]:
+                      process_set: ProcessSet, grouped: bool) -> _graph_ops.Kernel:
+    def kernel(*arrays: np.ndarray) -> tuple[int, Any]:
         # Copies: the engine reduces in place, and an eager tensor's numpy() may be its buffer.
         tensors = [to_torch(a, copy=True) for a in arrays]
         if not grouped:
-            return [to_numpy(_sync(_engine_ops.allreduce_async_(
+            return _engine_ops.allreduce_async_(
                 tensors[0], name=name, op=op, prescale_factor=pre, postscale_factor=post,
-                process_set=process_set)))]
-        return [to_numpy(t) for t in _sync(_engine_ops.grouped_allreduce_async_(
+                process_set=process_set), _outputs
+        return _engine_ops.grouped_allreduce_async_(
             tensors, name=name, op=op, prescale_factor=pre, postscale_factor=post,
-            process_set=process_set))]
+            process_set=process_set), _outputs
     return kernel
 
 
-def _allgather_kernel(name: str | None,
-                      process_set: ProcessSet) -> Callable[..., list[np.ndarray]]:
-    def kernel(*arrays: np.ndarray) -> list[np.ndarray]:
+def _allgather_kernel(name: str | None, process_set: ProcessSet) -> _graph_ops.Kernel:
+    def kernel(*arrays: np.ndarray) -> tuple[int, Any]:
         tensors = [to_torch(a) for a in arrays]
         if len(tensors) == 1:
-            return [to_numpy(_sync(_engine_ops.allgather_async(
-                tensors[0], name=name, process_set=process_set)))]
-        return [to_numpy(t) for t in _sync(_engine_ops.grouped_allgather_async(
-            tensors, name=name, process_set=process_set))]
+            return _engine_ops.allgather_async(tensors[0], name=name,
+                                               process_set=process_set), _outputs
+        return _engine_ops.grouped_allgather_async(tensors, name=name,
+                                                   process_set=process_set), _outputs
     return kernel
 
 
 def _reducescatter_kernel(name: str | None, op: Any, pre: float, post: float,
-                          process_set: ProcessSet,
-                          single: bool) -> Callable[..., list[np.ndarray]]:
-    def kernel(*arrays: np.ndarray) -> list[np.ndarray]:
+                          process_set: ProcessSet, single: bool) -> _graph_ops.Kernel:
+    def kernel(*arrays: np.ndarray) -> tuple[int, Any]:
         tensors = [to_torch(a) for a in arrays]
         if single:
-            return [to_numpy(_sync(_engine_ops.reducescatter_async(
-                tensors[0], name=name, op=op, process_set=process_set,
-                prescale_factor=pre, postscale_factor=post)))]
-        return [to_numpy(t) for t in _sync(_engine_ops.grouped_reducescatter_async(
+            return _engine_ops.reducescatter_async(
+                tensors[0], name=name, op=op, process_set=process_set, prescale_factor=pre,
+                postscale_factor=post), _outputs
+        return _engine_ops.grouped_reducescatter_async(
             tensors, name=name, op=op, process_set=process_set, prescale_factor=pre,
-            postscale_factor=post))]
+            postscale_factor=post), _outputs
     return kernel
 
 
@@ -208,6 +209,9 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     if isinstance(tensor, tf.IndexedSlices):
         if op not in (Average, Sum):
             raise NotImplementedError("sparse allreduce supports op Average and Sum only")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("prescale_factor and postscale_factor are not supported "
+                                      "for tf.IndexedSlices (sparse) allreduce")
         values = allgather(tensor.values, name=None if name is None else f"{name}.values",
                            process_set=process_set)
         indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices",
@@ -331,10 +335,9 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     def forward(x: tf.Tensor) -> Any:
         cast_name = _graph_name(name, "broadcast", [x], process_set)
 
-        def kernel(array: np.ndarray) -> list[np.ndarray]:
-            handle = _engine_ops.broadcast_async_(to_torch(array, copy=True), root_rank,
-                                                  name=cast_name, process_set=process_set)
-            return [to_numpy(_sync(handle))]
+        def kernel(array: np.ndarray) -> tuple[int, Any]:
+            return _engine_ops.broadcast_async_(to_torch(array, copy=True), root_rank,
+                                                name=cast_name, process_set=process_set), _outputs
 
         (y,) = _run(kernel, [x], [x.dtype], [x.shape])
 
@@ -357,6 +360,11 @@ def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | Non
 # -- alltoall ------------------------------------------------------------------------
 
 
+def _alltoall_outputs(result: Any) -> list[np.ndarray]:
+    out, received = result
+    return [to_numpy(out), np.asarray(received, dtype=np.int32).reshape(-1)]
+
+
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
              ignore_name_scope: bool = False,
              process_set: ProcessSet = global_process_set) -> Any:
@@ -375,11 +383,10 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     def forward(x: tf.Tensor, s: tf.Tensor) -> Any:
         call_name = _graph_name(name, "alltoall", [x], process_set)
 
-        def kernel(array: np.ndarray, split_array: np.ndarray) -> list[np.ndarray]:
+        def kernel(array: np.ndarray, split_array: np.ndarray) -> tuple[int, Any]:
             given = None if splits is None else [int(v) for v in split_array]
-            out, received = _sync(_engine_ops.alltoall_async(
-                to_torch(array), given, name=call_name, process_set=process_set))
-            return [to_numpy(out), np.asarray(received, dtype=np.int32).reshape(-1)]
+            return _engine_ops.alltoall_async(to_torch(array), given, name=call_name,
+                                              process_set=process_set), _alltoall_outputs
 
         y, received = _run(kernel, [x, s], [x.dtype, tf.int32],
                            [_rows_unknown(x.shape), tf.TensorShape([process_set.size()])])
@@ -459,9 +466,16 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     _engine_ops.barrier(process_set=process_set)
 
 
+def _set_ranks(process_set_id: int) -> tuple[int, ...]:
+    """The ranks of a registered process set (ValueError when there is none with that id)."""
+    if process_set_id == 0:
+        return tuple(range(size()))
+    return tuple(_runtime.current().engine.process_set(process_set_id).ranks)
+
+
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    del process_set_id
-    return tf.constant(size(), dtype=tf.int32, name=name)
+    """The number of ranks in the process set (the world by default), on every rank."""
+    return tf.constant(len(_set_ranks(process_set_id)), dtype=tf.int32, name=name)
 
 
 def local_size_op(name: str | None = None) -> tf.Tensor:
@@ -477,6 +491,5 @@ def local_rank_op(name: str | None = None) -> tf.Tensor:
 
 
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    del process_set_id
-    return tf.constant(1, dtype=tf.int32, name=name)
-
+    """1 if this rank is in the process set, else 0."""
+    return tf.constant(int(rank() in _set_ranks(process_set_id)), dtype=tf.int32, name=name)

@@ -118,18 +118,19 @@ def reducescatter(value: Any, name: str | None = None, op: Any = Average,  # typ
                                   process_set=process_set)
 
 
-def broadcast_global_variables(root_rank: int) -> None:
-    """Broadcasts the variables of the current Keras model and optimizer from ``root_rank``.
+def broadcast_global_variables(root_rank: int) -> Any:
+    """An op that broadcasts TF1's global variables from ``root_rank`` (graph mode only).
 
-    TF2 has no global variable collection: pass the model's variables to
-    ``broadcast_variables``, or use ``callbacks.BroadcastGlobalVariablesCallback``.
+    Raises:
+        RuntimeError: in eager mode, as in Horovod: TensorFlow 2 has no global
+            variables; broadcast the model's variables instead.
     """
-    variables = tf.compat.v1.global_variables()
-    if not variables:
-        raise ValueError("broadcast_global_variables: TensorFlow 2 has no global variables; "
-                         "use hvd.broadcast_variables(model.variables, root_rank) or "
-                         "hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)")
-    broadcast_variables(variables, root_rank)
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "hvd.broadcast_global_variables() does not support eager execution (TensorFlow 2 "
+            "has no global variables); use hvd.broadcast_variables(model.variables, root_rank) "
+            "or hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) instead")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,
