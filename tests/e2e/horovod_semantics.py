@@ -462,6 +462,9 @@ def main() -> int:
     if matrix["failed"]:
         problems.append(f"dtype matrix: {matrix['failures']}")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    # Run as a script this module is __main__: horovod_empty must share its process sets
+    # (a second import would add the same set again, which Horovod refuses).
+    sys.modules.setdefault("horovod_semantics", sys.modules[__name__])
     from horovod_empty import empty_tensors  # a section of its own (this file's length)
 
     empty = empty_tensors()
