@@ -12,7 +12,7 @@ from tests.support.workers import run_workers
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
-SCENARIOS = Path(__file__).with_name("scenarios.py")
+SCENARIOS = Path(__file__).with_name("scenarios_cache.py")
 import scenarios  # noqa: E402  (the test dir is on sys.path)
 
 

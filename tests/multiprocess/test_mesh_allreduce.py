@@ -18,7 +18,7 @@ from tests.support.workers import run_workers
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
-SCENARIOS = Path(__file__).with_name("scenarios.py")
+SCENARIOS = Path(__file__).with_name("scenarios_cache.py")
 STEPS = 4
 
 

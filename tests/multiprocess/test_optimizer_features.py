@@ -11,8 +11,8 @@ from tests.support.workers import run_workers
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
-SCENARIOS = Path(__file__).with_name("scenarios.py")
-import scenarios  # noqa: E402  (the test dir is on sys.path)
+SCENARIOS = Path(__file__).with_name("scenarios_optimizer.py")
+import scenarios_optimizer as scenarios  # noqa: E402  (the test dir is on sys.path)
 
 
 def reference(size: int, sparse: bool, steps: int = 3):

@@ -11,7 +11,7 @@ from tests.support.workers import run_workers
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
-SCENARIOS = Path(__file__).with_name("scenarios.py")
+SCENARIOS = Path(__file__).with_name("scenarios_sets.py")
 
 
 def test_disjoint_process_sets_at_three_ranks(shared_coordinator):

@@ -12,7 +12,7 @@ from tests.support.workers import run_workers
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
-SCENARIOS = Path(__file__).with_name("scenarios.py")
+SCENARIOS = Path(__file__).with_name("scenarios_cache.py")
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -17,6 +17,7 @@ from tests.support.workers import run_workers
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
 SCENARIOS = Path(__file__).with_name("scenarios.py")
+SCENARIOS_OPTIMIZER = SCENARIOS.with_name("scenarios_optimizer.py")
 
 
 def reference_training(size: int, backward_passes: int, steps: int, opt_name: str):
@@ -109,7 +110,7 @@ def _assert_same(a, b, where):
 
 
 def test_broadcast_optimizer_state_for_every_torch_optimizer(shared_coordinator):
-    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS,
+    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS_OPTIMIZER,
                                             "every_optimizer_state")]
     names = [n for n in results[0] if n != "LBFGS"]
     assert {"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Rprop", "SparseAdam"} <= set(names)

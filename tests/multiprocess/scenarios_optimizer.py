@@ -1,0 +1,147 @@
+"""DistributedOptimizer variants, run inside worker processes (see tests/support/workers.py);
+test_optimizer_features.py also builds its single-process references from them."""
+
+from __future__ import annotations
+
+import torch
+
+import hora.torch as hvd
+
+
+class EmbeddingNet(torch.nn.Module):
+    def __init__(self, sparse: bool):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 4, sparse=sparse)
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, idx):
+        return self.fc(self.emb(idx).mean(1))
+
+
+def variant_batches(size: int, steps: int):
+    gen = torch.Generator().manual_seed(99)
+    idx = torch.randint(0, 20, (steps, 4 * size, 5), generator=gen)
+    target = torch.randint(0, 3, (steps, 4 * size), generator=gen)
+    return idx, target
+
+
+def train_variant(variant: str, steps: int = 3):
+    """One DistributedOptimizer feature at a time; returns the final parameters."""
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    sparse = variant in ("sparse", "sparse_as_dense")
+    model = EmbeddingNet(sparse=sparse)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    kwargs = {"named_parameters": model.named_parameters()}
+    if variant == "groups":
+        kwargs["groups"] = 2
+    elif variant == "explicit_groups":
+        kwargs["groups"] = [[model.fc.weight, model.fc.bias]]
+    elif variant == "bf16":
+        kwargs["compression"] = hvd.Compression.bf16
+    elif variant == "sparse_as_dense":
+        kwargs["sparse_as_dense"] = True
+    elif variant == "predivide":
+        kwargs["gradient_predivide_factor"] = 2.0
+    opt = hvd.DistributedOptimizer(opt, **kwargs)
+    idx, target = variant_batches(size, steps)
+    for step in range(steps):
+        opt.zero_grad()
+        mine = slice(rank * 4, (rank + 1) * 4)
+        loss = torch.nn.functional.cross_entropy(model(idx[step, mine]), target[step, mine])
+        loss.backward()
+        if variant == "skip_synchronize":
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 100.0)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def optimizer_misuse():
+    model = torch.nn.Linear(3, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    out = {}
+    model(torch.ones(2, 3)).sum().backward()
+    try:
+        opt.zero_grad()
+    except AssertionError as exc:
+        out["zero_grad"] = str(exc)
+    try:
+        with opt.skip_synchronize():
+            opt.step()
+    except RuntimeError as exc:
+        out["skip"] = str(exc)
+    opt.step()
+    try:
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[("w", model.weight), ("w", model.bias)])
+    except ValueError as exc:
+        out["dupes"] = str(exc)
+    return out
+
+
+def adasum_optimizer_step():
+    """One SGD step with op=Adasum: every rank applies start + adasum(delta_0, delta_1, ...)."""
+    rank = hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    x = torch.full((4, 3), float(rank + 1)) + torch.arange(3.0) * (rank - 0.5)
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    opt.step()
+    return start, grads, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def every_optimizer_state():
+    """Each torch.optim optimizer takes rank-specific steps, then gets rank 0's state."""
+    import inspect
+
+    rank = hvd.rank()
+    out = {}
+    names = [n for n in torch.optim.__all__
+             if inspect.isclass(getattr(torch.optim, n, None))
+             and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
+             and n not in ("Optimizer", "LBFGS")]
+    for name in names:
+        torch.manual_seed(0)
+        sparse = name == "SparseAdam"
+        bias = name != "Muon"  # Muon takes 2-D parameters only
+        model = (torch.nn.Embedding(10, 4, sparse=True) if sparse
+                 else torch.nn.Sequential(torch.nn.Linear(4, 3, bias=bias),
+                                          torch.nn.Linear(3, 2, bias=bias)))
+        params = list(model.parameters())
+        lr = 0.01 * (rank + 1)  # hyperparameters differ per rank until the broadcast
+        opt = getattr(torch.optim, name)(params, lr=lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(rank + 1):
+            opt.zero_grad()
+            if sparse:
+                model(torch.randint(0, 10, (6,), generator=gen)).sum().backward()
+            else:
+                model(torch.randn(5, 4, generator=gen)).pow(2).sum().backward()
+            opt.step()
+            sched.step()
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        # One more identical step everywhere must keep the optimizers identical.
+        opt.zero_grad()
+        if sparse:
+            model(torch.arange(6) % 10).sum().backward()
+        else:
+            model(torch.ones(5, 4)).pow(2).sum().backward()
+        opt.step()
+        out[name] = (opt.state_dict(), {k: v.clone() for k, v in model.state_dict().items()})
+    try:
+        hvd.broadcast_optimizer_state(torch.optim.LBFGS(torch.nn.Linear(2, 1).parameters()), 0)
+    except ValueError as exc:
+        out["LBFGS"] = str(exc)
+    return out
