@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+import pytest
 
 from hora_proto.v1 import (
     negotiation_pb2,
@@ -288,3 +289,10 @@ class FakeStream:
     def cancel(self) -> None:
         """Breaks the stream, as a crashing worker does."""
         self.call.cancel()
+
+
+def code_of(call: Callable[..., Any], *args: Any, **kwargs: Any) -> grpc.RpcError:
+    """The gRPC error that ``call(*args, **kwargs)`` raises (the test fails if none)."""
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, **kwargs)
+    return info.value

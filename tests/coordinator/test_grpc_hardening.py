@@ -13,7 +13,7 @@ from functools import partial
 import grpc
 import httpx
 import pytest
-from coordinator_clients import Client, open_world, tensor, together
+from coordinator_clients import Client, code_of, open_world, tensor, together
 from support.coordinator import CoordinatorProcess
 
 from hora_proto.v1 import negotiation_pb2 as npb
@@ -37,11 +37,6 @@ def client(shared):
     yield c
     c.close()
 
-
-def code_of(call, *args, **kwargs) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as info:
-        call(*args, **kwargs)
-    return info.value
 
 
 def job_state(shared, job: str) -> str:
