@@ -148,6 +148,11 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
         outcomes = _collect(rdd, f"hora job {job_id}")
     finally:
         coordinator.stop()
+    return _results(outcomes)
+
+
+def _results(outcomes: list[TaskOutcome]) -> list[Any]:
+    """Every rank's return value in rank order, or the first failure raised."""
     failure = _failure(outcomes)
     if failure is not None:
         raise failure
@@ -208,8 +213,4 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (),
         outcomes = _collect(rdd, f"hora elastic job {job_id}")
     finally:
         coordinator.stop()
-    failure = _failure(outcomes)
-    if failure is not None:
-        raise failure
-    ordered = sorted(outcomes, key=lambda o: o.rank)
-    return [loads(o.result) for o in ordered if o.result is not None]
+    return _results(outcomes)
