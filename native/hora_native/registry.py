@@ -7,11 +7,14 @@ and XCCL (oneCCL) are imported only when a tensor on their device arrives.
 from __future__ import annotations
 
 import importlib
+import logging
 from datetime import timedelta
 
 import torch
 
 from .base import Backend, BackendError
+
+log = logging.getLogger("hora")
 
 __all__ = ["BACKENDS", "available", "backend_for_device", "create_backend", "xccl_built"]
 
@@ -63,5 +66,27 @@ def create_backend(name: str, store: torch.distributed.Store, rank: int, size: i
         raise BackendError(f"unknown backend {name!r}; known: {sorted(BACKENDS)}") from None
     if not available(name):
         raise BackendError(f"backend {name!r} is not available in this process")
+    if name == "nccl" and size > 1:
+        staged = _staged_if_sharing(store, rank, size, timeout, address)
+        if staged is not None:
+            return staged
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(store, rank, size, timeout, address)
+
+
+def _staged_if_sharing(store: torch.distributed.Store, rank: int, size: int,
+                       timeout: timedelta, address: str) -> Backend | None:
+    """A host-staged CUDA backend when ranks of the group share a GPU (NCCL refuses that)."""
+    from .gloo import GlooBackend
+    from .staged import HostStagedBackend, shared_devices
+
+    shared = shared_devices(store, rank, size)
+    if not shared:
+        return None
+    if rank == 0:
+        groups = "; ".join(f"ranks {ranks} on {device}" for device, ranks in shared.items())
+        log.warning("NCCL cannot run two ranks on one GPU (%s): CUDA tensors go through "
+                    "host memory and Gloo instead, two copies per collective", groups)
+    inner = GlooBackend(torch.distributed.PrefixStore("staged/", store), rank, size, timeout,
+                        address)
+    return HostStagedBackend(inner)

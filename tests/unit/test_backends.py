@@ -91,3 +91,49 @@ def test_single_rank_gloo_collectives():
     backend.barrier()
     assert out.tolist() == t.tolist() == [0.0, 1.0, 2.0, 3.0]
     backend.close()
+
+
+def test_ranks_that_share_a_gpu_are_found_by_every_rank():
+    import threading
+
+    from hora_native.staged import shared_devices
+
+    store = torch.distributed.HashStore()
+    devices = ["gpu-a", "gpu-b", "gpu-a", "gpu-c", "gpu-b"]
+    found: dict[int, dict[str, list[int]]] = {}
+
+    def run(rank: int) -> None:
+        found[rank] = shared_devices(store, rank, len(devices), identity=devices[rank])
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(len(devices))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert found == {r: {"gpu-a": [0, 2], "gpu-b": [1, 4]} for r in range(len(devices))}
+    alone = torch.distributed.HashStore()
+    assert shared_devices(alone, 0, 1, identity="gpu-a") == {}
+
+
+def test_host_staged_backend_runs_every_collective_through_its_inner_backend():
+    from hora_native import ReduceKind
+    from hora_native.staged import HostStagedBackend
+
+    inner = create_backend("gloo", torch.distributed.HashStore(), 0, 1,
+                           timedelta(seconds=30), "127.0.0.1")
+    staged = HostStagedBackend(inner)
+    t = torch.arange(4.0)
+    staged.allreduce(t, ReduceKind.MAX)
+    out = torch.zeros(4)
+    staged.allgatherv(out, t, [4])
+    moved = torch.zeros(4)
+    staged.alltoallv(moved, t, [4], [4])
+    scattered = torch.zeros(4)
+    staged.reducescatter(scattered, t, ReduceKind.SUM, [4])
+    staged.broadcast(t, 0)
+    staged.barrier()
+    assert out.tolist() == moved.tolist() == scattered.tolist() == t.tolist() == [0.0, 1.0, 2.0,
+                                                                                  3.0]
+    staged.close()
+    with pytest.raises(BackendError, match="closed"):
+        staged.allreduce(t, ReduceKind.SUM)
