@@ -3,6 +3,8 @@
 - ``hora_proto`` (the contract) imports none of the other three packages;
 - ``hora_coordinator`` and ``hora_native`` never import ``hora``;
 - ``hora`` reaches ``hora_coordinator`` only through ``hora.runner.embedded``;
+- ``hora.world``, the framework-neutral API, needs no framework binding, and
+  ``hora.torch`` and ``hora.tensorflow`` take it from there;
 - no package has an import cycle between its modules (type-only imports aside).
 """
 
@@ -55,6 +57,17 @@ def test_the_coordinator_and_the_data_plane_never_import_the_client(graph):
 def test_the_client_reaches_the_coordinator_through_one_entry_point(graph):
     assert ENTRY_POINT in graph.modules
     assert _violations(graph, "hora", {"hora_coordinator"}, frozenset({ENTRY_POINT})) == []
+
+
+BINDINGS = ("hora.torch", "hora.tensorflow", "hora.keras", "hora.lightning")
+
+
+def test_the_framework_neutral_api_needs_no_framework_binding(graph):
+    """``hora.world`` (init, ranks, process sets, handles) is what the bindings share."""
+    needs = graph.find_upstream_modules("hora.world")
+    assert needs and not [m for m in needs if m.startswith(BINDINGS)]
+    for binding in ("hora.torch.mpi_ops", "hora.tensorflow.mpi_ops"):
+        assert "hora.world" in _imports(graph, binding)
 
 
 def _cycles(graph) -> list[list[str]]:

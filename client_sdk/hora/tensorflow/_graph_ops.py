@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..torch import _basics
+from .. import world as _basics
 from ..torch import mpi_ops as _engine_ops
 from . import _build, _errors
 

@@ -34,12 +34,12 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _runtime
+from .. import world as _basics
 from ..errors import HoraError
-from ..torch import _basics
 from ..torch import mpi_ops as _engine_ops
-from ..torch._basics import *  # noqa: F403 - the world, process sets and builds are shared
-from ..torch._basics import Average, ProcessSet, Sum, global_process_set, rank, size
 from ..torch.mpi_ops import ReduceOp, start_timeline, stop_timeline
+from ..world import *  # noqa: F403 - the world, process sets and builds are shared
+from ..world import Average, ProcessSet, Sum, global_process_set, rank, size
 from . import _errors, _graph_ops
 from ._convert import to_numpy, to_torch
 from ._errors import engine_error  # noqa: F401 - elastic.py and scripts find it here

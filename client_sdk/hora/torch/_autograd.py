@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .._ops import ReduceOp
-from ._basics import ProcessSet, global_process_set, rank, synchronize
+from ..world import ProcessSet, global_process_set, rank, synchronize
 from ._collectives import (
     _reducescatter_async,
     allgather_async,

@@ -1,6 +1,6 @@
 """Collectives on torch tensors: Horovod's signatures, semantics and gradients.
 
-Every ``*_async`` function returns an integer handle (see :mod:`._basics`).
+Every ``*_async`` function returns an integer handle (see :mod:`hora.world`).
 
 Errors (the tree is drawn in :mod:`hora.errors`):
 
@@ -32,14 +32,14 @@ from .. import _runtime
 from .._ops import OpType, ReduceOp
 from ..engine import Entry, Handle
 from ..errors import InvalidTypeError
-from ._adasum_rule import adasum_reduce
-from ._basics import (
+from ..world import (
     ProcessSet,
     check_process_set,
     global_process_set,
     register,
     synchronize,
 )
+from ._adasum_rule import adasum_reduce
 from ._validation import (
     _device_problem,
     _op,

@@ -18,7 +18,7 @@ from hora_native import BackendError, backend_for_device
 
 from .._ops import ReduceOp
 from ..errors import InvalidCallError, InvalidTypeError
-from ._basics import ProcessSet, size
+from ..world import ProcessSet, size
 
 # Element types every reduction takes (bool as logic: Sum is or, Product and).
 # Collectives that only move data take every dtype: they move bytes.

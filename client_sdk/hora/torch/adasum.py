@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
+from ..world import global_process_set
 from ._adasum_rule import adasum_pair, adasum_reduce
 from ._autograd import allgather
-from ._basics import global_process_set
 
 __all__ = ["adasum_allreduce", "adasum_pair", "adasum_reduce"]
 

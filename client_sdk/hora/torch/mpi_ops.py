@@ -1,7 +1,7 @@
 """Collectives on torch tensors, with Horovod's signatures and semantics.
 
 Horovod's ``horovod.torch.mpi_ops`` under hora: the world and handles live
-in :mod:`._basics`, the collectives in :mod:`._collectives` and their
+in :mod:`hora.world`, the collectives in :mod:`._collectives` and their
 differentiable forms in :mod:`._autograd`. Every ``*_async`` function returns an integer handle
 (``sparse_allreduce_async`` excepted, as in Horovod: it returns a function);
 :func:`synchronize` waits for it and returns the result, :func:`poll` asks
@@ -14,14 +14,14 @@ from __future__ import annotations
 import torch
 
 from .._ops import ReduceOp  # noqa: F401 - the type of hvd.Average and friends
+from ..world import *  # noqa: F403
+from ..world import CallableHandle, ProcessSet, global_process_set
+from ..world import __all__ as _basics_all
+from ..world import poll as _poll
+from ..world import synchronize as _synchronize
 from . import _collectives
 from ._autograd import *  # noqa: F403
 from ._autograd import __all__ as _autograd_all
-from ._basics import *  # noqa: F403
-from ._basics import CallableHandle, ProcessSet, global_process_set
-from ._basics import __all__ as _basics_all
-from ._basics import poll as _poll
-from ._basics import synchronize as _synchronize
 from ._collectives import *  # noqa: F403
 from ._collectives import __all__ as _collectives_all
 

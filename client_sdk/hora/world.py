@@ -1,4 +1,7 @@
-"""The world, process sets, builds and handles of ``hora.torch`` (see :mod:`.mpi_ops`)."""
+"""The framework-neutral API: the world, process sets, builds and handles.
+
+``hora.torch`` and ``hora.tensorflow`` both export these (each adds its collectives).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +12,10 @@ import torch
 
 from hora_native import xccl_built
 
-from .. import _runtime
-from .._ops import ReduceOp
-from ..engine import Handle, HandleMap
-from ..errors import InvalidCallError
+from . import _runtime
+from ._ops import ReduceOp
+from .engine import Handle, HandleMap
+from .errors import InvalidCallError
 
 __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
