@@ -19,7 +19,7 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from hora_proto.auth import TOKEN_METADATA_KEY
+from hora_proto.auth import TOKEN_METADATA_KEY, WORKER_SECRET_METADATA_KEY
 from hora_proto.v1 import (
     negotiation_pb2,
     negotiation_pb2_grpc,
@@ -131,7 +131,7 @@ class CoordinatorClient:
         self.settings = settings
         self.job_id = settings.job_id
         self.worker_id = PROCESS_WORKER_ID
-        self._metadata = ((TOKEN_METADATA_KEY, settings.token),)
+        self._metadata: tuple[tuple[str, str], ...] = ((TOKEN_METADATA_KEY, settings.token),)
         self._channel = coordinator_channel(
             settings.coordinator,
             settings.tls_ca,
@@ -294,6 +294,10 @@ class CoordinatorClient:
             time.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
         self.outage_over()
+        if response.worker_secret:
+            # Every later call naming this worker proves it (a job token needs that).
+            self._metadata = ((TOKEN_METADATA_KEY, self.settings.token),
+                              (WORKER_SECRET_METADATA_KEY, response.worker_secret))
         return response.world
 
     def _join_failed(self, exc: grpc.RpcError, wanted: str, deadline: timedelta,
