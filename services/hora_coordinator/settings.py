@@ -182,11 +182,13 @@ class CommandLine:
         token_file: Where the token is kept (mode 0600), if anywhere: read at
             start when no token is given and it exists, else written
             (:func:`.tokens.resolve_token`).
+        print_job_token: Print this job's token (derived from the admin token) and exit.
     """
 
     settings: CoordinatorSettings
     ready_file: Path | None
     token_file: Path | None = None
+    print_job_token: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="wrong tokens per second an address may send past --guess-burst "
         "(default %(default)s)")
     parser.add_argument(
+        "--print-job-token", metavar="JOB_ID", default=None,
+        help="print the token of job JOB_ID (it opens that job only: give it to the job's "
+        "workers) from --token, $HORA_TOKEN or --token-file, and exit")
+    parser.add_argument(
         "--allow-weak-token", action="store_true",
         help="serve off loopback even with a token of under 128 bits (refused otherwise)")
     parser.add_argument(
@@ -337,4 +343,5 @@ def parse_command_line(
         )
     except ValueError as exc:
         parser.error(str(exc))
-    return CommandLine(settings=settings, ready_file=args.ready_file, token_file=args.token_file)
+    return CommandLine(settings=settings, ready_file=args.ready_file, token_file=args.token_file,
+                       print_job_token=args.print_job_token)

@@ -9,6 +9,7 @@ negotiation table answers in process, with no server. Nothing else in
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,11 +50,18 @@ def start_embedded_coordinator(host: str, token: str, http_port: int = 0,
     # `horarun --coordinator HOST:PORT`, nor hide a launcher bug.
     from hora_coordinator.server import EmbeddedCoordinator
     from hora_coordinator.settings import CoordinatorSettings
+    from hora_coordinator.tokens import check_strength
 
     # TLS fields only when asked: settings without them are the plaintext default.
     files: dict[str, Any] = {} if tls is None else {"tls_cert": tls[0], "tls_key": tls[1]}
-    coordinator = EmbeddedCoordinator(CoordinatorSettings(
-        host=host, grpc_port=0, http_port=http_port, token=token, **files))
+    # The launcher's workers get job tokens derived from this one; a weak one the
+    # user chose is warned about (hora-coordinator itself refuses it off loopback).
+    settings = CoordinatorSettings(host=host, grpc_port=0, http_port=http_port, token=token,
+                                   allow_weak_token=True, **files)
+    weak = check_strength(settings)
+    if weak is not None:
+        print(f"horarun: warning: {weak}", file=sys.stderr, flush=True)
+    coordinator = EmbeddedCoordinator(settings)
     coordinator.start()
     return coordinator
 
