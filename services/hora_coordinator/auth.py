@@ -1,6 +1,7 @@
 """Guarding the hora.v1 services: the token first, then the request bytes.
 
-:class:`TokenAuthInterceptor` checks the ``hora-token`` metadata before any
+:class:`TokenAuthInterceptor` checks the ``hora-token`` metadata (the admin
+token, or a job token that names its job: :mod:`hora_proto.auth`) before any
 request byte is decoded: the handlers it returns take raw bytes (no
 deserializer), so a caller without the token gets UNAUTHENTICATED whatever it
 sends, and the coordinator spends nothing on decoding it. Calls with the token
@@ -11,6 +12,12 @@ rate limited per kind (:class:`hora_proto.refusals.RefusalLog`), so that a flood
 cannot flood the log. The wrapped handler of each method and outcome is
 built once and kept: the authorised path (every heartbeat, every store call)
 only looks it up.
+
+A call with a job token is then held to its scope once decoded
+(:mod:`.scopes`): PERMISSION_DENIED when it names another job, or speaks for a
+worker without that worker's secret. Wrong tokens count against the caller's
+address (:mod:`.guessing`): past its budget, new connections from it are
+RESOURCE_EXHAUSTED, their token unchecked.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""The job token on the HTTP API, once the coordinator is reachable off this machine.
+"""The tokens on the HTTP API, once the coordinator is reachable off this machine.
 
 On a loopback address only this machine's users reach the API, as before,
 and it stays open. On any other address every path but the health probes
-(``/healthz``, ``/readyz``, which say nothing about jobs) wants the job
-token, as one of:
+(``/healthz``, ``/readyz``, which say nothing about jobs) wants the admin
+token (everything) or a job token (that job only: :func:`job_path_allowed`;
+the job list shows it alone, other paths are 403), as one of:
 
 - the header ``Authorization: Bearer <token>`` (scripts, Prometheus);
-- the cookie ``hora_token`` (a browser);
+- the cookie ``hora_token`` (a browser): the value this guard set, derived
+  from the token (:func:`hora_proto.auth.cookie_value`), or a token set by hand;
 - the query ``?token=<token>``, the URL a coordinator prints when it made its
   token up; the answer sets the cookie, so the next pages need no query.
 

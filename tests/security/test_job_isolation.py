@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from support.rest_probe import PROBE, run_inside
 
 from hora_proto.auth import (
     WORKER_SECRET_METADATA_KEY,
@@ -337,21 +338,6 @@ def test_weak_tokens_warn_on_loopback_and_are_refused_off_it(coordinator_factory
     assert done.returncode == 1 and "--allow-weak-token" in done.stderr, done.stderr
 
 
-# Runs inside the namespace: one request per case, printed as JSON.
-PROBE = textwrap.dedent("""
-    import json, sys
-    import httpx
-    url, cases = sys.argv[1], json.loads(sys.argv[2])
-    out = {}
-    for name, (path, headers, cookies) in cases.items():
-        with httpx.Client(base_url=url, timeout=10, cookies=cookies) as client:
-            answer = client.get(path, headers=headers)
-        out[name] = {"status": answer.status_code, "body": answer.text,
-                     "set_cookie": answer.headers.get("set-cookie", ""),
-                     "location": answer.headers.get("location", "")}
-    print(json.dumps(out))
-""")
-
 JOIN = textwrap.dedent("""
     import sys
     import grpc
@@ -366,18 +352,11 @@ JOIN = textwrap.dedent("""
 """)
 
 
-def _inside(netns, *argv: str) -> str:
-    done = subprocess.run([*netns.prefix, sys.executable, *argv], capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 def test_off_loopback_a_job_token_reads_its_job_only(coordinator_factory, netns):
     coordinator = coordinator_factory(host=netns.address, command_prefix=netns.prefix)
     admin = coordinator.token
     job_a, job_b = f"job-a-{uuid.uuid4().hex[:6]}", f"job-b-{uuid.uuid4().hex[:6]}"
-    _inside(netns, "-c", JOIN, coordinator.grpc_address, admin, job_a, job_b)
+    run_inside(netns, "-c", JOIN, coordinator.grpc_address, admin, job_a, job_b)
     token_a = job_token(admin, job_a)
     assert job_of_token(admin, token_a) == job_a and job_of_token("other", token_a) is None
     a = {"Authorization": f"Bearer {token_a}"}
@@ -399,7 +378,7 @@ def test_off_loopback_a_job_token_reads_its_job_only(coordinator_factory, netns)
         "admin_list": ("/api/v1/jobs", {"Authorization": f"Bearer {admin}"}, {}),
         "admin_b": (f"/api/v1/jobs/{job_b}", {}, {"hora_token": cookie_value(admin, None)}),
     }
-    seen = json.loads(_inside(netns, "-c", PROBE, coordinator.http_url, json.dumps(cases)))
+    seen = json.loads(run_inside(netns, "-c", PROBE, coordinator.http_url, json.dumps(cases)))
     assert [j["job_id"] for j in json.loads(seen["list_a"]["body"])] == [job_a]
     for name in ("job_a", "events_a", "query_a", "cookie_a", "admin_list", "admin_b"):
         assert seen[name]["status"] == 200, (name, seen[name])
