@@ -392,3 +392,19 @@ def test_off_loopback_a_job_token_reads_its_job_only(coordinator_factory, netns)
     cookie = seen["query_a"]["set_cookie"]
     assert cookie.startswith(f"hora_token={cookie_value(admin, job_a)};"), cookie
     assert token_a not in cookie and admin not in cookie
+
+
+def test_operators_can_print_a_jobs_token(tmp_path):
+    admin = "a" * 8 + uuid.uuid4().hex
+    done = subprocess.run(
+        [sys.executable, "-m", "hora_coordinator", "--token", admin, "--print-job-token", "j 1"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == job_token(admin, "j 1") and admin not in done.stdout
+    # Without any admin token it makes none up (and writes no token file).
+    token_file = tmp_path / "token"
+    done = subprocess.run(
+        [sys.executable, "-m", "hora_coordinator", "--token-file", str(token_file),
+         "--print-job-token", "j"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "HORA_TOKEN": ""})
+    assert done.returncode == 1 and not token_file.exists(), done.stderr
