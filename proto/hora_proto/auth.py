@@ -32,6 +32,7 @@ import string
 __all__ = [
     "JOB_TOKEN_PREFIX",
     "TOKEN_METADATA_KEY",
+    "WEAK_TOKEN_BITS",
     "WORKER_SECRET_METADATA_KEY",
     "cookie_value",
     "job_of_token",
@@ -47,6 +48,8 @@ WORKER_SECRET_METADATA_KEY = "hora-worker-secret"
 #: How a job token starts (it is never an admin token: those are checked first).
 JOB_TOKEN_PREFIX = "hj1."
 _COOKIE_PREFIX = "hc1."
+#: Tokens estimated under this many bits of entropy are weak (:func:`token_bits`).
+WEAK_TOKEN_BITS = 128
 
 
 def _b64(data: bytes) -> str:

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hora_proto.auth import token_bits
+from hora_proto.auth import WEAK_TOKEN_BITS, token_bits
 
 from .rest_auth import is_loopback
 from .settings import CoordinatorSettings
@@ -35,9 +35,6 @@ __all__ = [
     "connect_help",
     "resolve_token",
 ]
-
-#: Tokens estimated under this many bits of entropy are weak (:func:`check_strength`).
-WEAK_TOKEN_BITS = 128
 
 
 class TokenFileError(RuntimeError):

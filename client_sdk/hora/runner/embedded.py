@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from hora_proto.auth import WEAK_TOKEN_BITS, token_bits
 from hora_proto.v1 import negotiation_pb2
 
 __all__ = ["LocalNegotiation", "RunningCoordinator", "local_negotiation", "refused_call",
@@ -50,18 +51,18 @@ def start_embedded_coordinator(host: str, token: str, http_port: int = 0,
     # `horarun --coordinator HOST:PORT`, nor hide a launcher bug.
     from hora_coordinator.server import EmbeddedCoordinator
     from hora_coordinator.settings import CoordinatorSettings
-    from hora_coordinator.tokens import check_strength
 
     # TLS fields only when asked: settings without them are the plaintext default.
     files: dict[str, Any] = {} if tls is None else {"tls_cert": tls[0], "tls_key": tls[1]}
     # The launcher's workers get job tokens derived from this one; a weak one the
     # user chose is warned about (hora-coordinator itself refuses it off loopback).
-    settings = CoordinatorSettings(host=host, grpc_port=0, http_port=http_port, token=token,
-                                   allow_weak_token=True, **files)
-    weak = check_strength(settings)
-    if weak is not None:
-        print(f"horarun: warning: {weak}", file=sys.stderr, flush=True)
-    coordinator = EmbeddedCoordinator(settings)
+    if token_bits(token) < WEAK_TOKEN_BITS:
+        print(f"horarun: warning: the token has about {token_bits(token):.0f} bits of "
+              f"entropy, under {WEAK_TOKEN_BITS}: it can be guessed; use a random one "
+              f"(e.g. `openssl rand -hex 16`), or give none and horarun makes one up",
+              file=sys.stderr, flush=True)
+    coordinator = EmbeddedCoordinator(CoordinatorSettings(
+        host=host, grpc_port=0, http_port=http_port, token=token, **files))
     coordinator.start()
     return coordinator
 
