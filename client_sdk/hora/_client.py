@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 import uuid
@@ -19,7 +18,7 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from hora_proto.auth import TOKEN_METADATA_KEY
+from hora_proto.auth import TOKEN_METADATA_KEY, WORKER_SECRET_METADATA_KEY
 from hora_proto.v1 import (
     negotiation_pb2,
     negotiation_pb2_grpc,
@@ -29,6 +28,8 @@ from hora_proto.v1 import (
     store_pb2_grpc,
 )
 
+from ._negotiation_stream import _CLOSE as _CLOSE  # re-exported for tests
+from ._negotiation_stream import NegotiationStream, stream_messages
 from ._tls import coordinator_channel
 from .errors import (
     AuthenticationError,
@@ -68,6 +69,10 @@ def _tls_hint(settings: Settings) -> str:
 # One identity per process: an elastic worker that re-joins after a reset is
 # recognised by the coordinator as the same member, so it keeps its place.
 PROCESS_WORKER_ID = uuid.uuid4().hex
+# The worker secret Join issued to PROCESS_WORKER_ID, by (coordinator, job): a
+# later client of this process (an elastic reset re-initialises) joins again
+# under the same id, which a job token allows only with the secret.
+_WORKER_SECRETS: dict[tuple[str, str], str] = {}
 
 
 class Stream(Protocol):
@@ -131,7 +136,8 @@ class CoordinatorClient:
         self.settings = settings
         self.job_id = settings.job_id
         self.worker_id = PROCESS_WORKER_ID
-        self._metadata = ((TOKEN_METADATA_KEY, settings.token),)
+        self._metadata: tuple[tuple[str, str], ...] = ((TOKEN_METADATA_KEY, settings.token),)
+        self._remember_secret(_WORKER_SECRETS.get((settings.coordinator, settings.job_id), ""))
         self._channel = coordinator_channel(
             settings.coordinator,
             settings.tls_ca,
@@ -294,7 +300,17 @@ class CoordinatorClient:
             time.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
         self.outage_over()
+        self._remember_secret(response.worker_secret)
         return response.world
+
+    def _remember_secret(self, secret: str) -> None:
+        """Every later call naming this worker proves it with ``secret`` (a job token
+        needs that; see :mod:`hora_proto.auth`)."""
+        if not secret:
+            return
+        _WORKER_SECRETS[(self.settings.coordinator, self.job_id)] = secret
+        self._metadata = ((TOKEN_METADATA_KEY, self.settings.token),
+                          (WORKER_SECRET_METADATA_KEY, secret))
 
     def _join_failed(self, exc: grpc.RpcError, wanted: str, deadline: timedelta,
                      setting: str) -> NoReturn:
@@ -459,107 +475,3 @@ class CoordinatorClient:
 
     def close(self) -> None:
         self._channel.close()
-
-
-_CLOSE = object()
-# How a stream ends when the coordinator dies or the network drops (as
-# opposed to a refusal such as FAILED_PRECONDITION).
-_STREAM_BROKE = frozenset({
-    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
-})
-# A burst of requests goes out in messages of about this many bytes at most: the
-# coordinator refuses a message past its --max-message-bytes (4 MiB by default)
-# by breaking the stream, which would lose this worker.
-_BATCH_BYTES = 1024 * 1024
-
-
-def stream_messages(items: queue.SimpleQueue[Any]) -> Iterator[negotiation_pb2.WorkerMessage]:
-    """What goes on a negotiation stream, from what its callers queued, until ``_CLOSE``.
-
-    Tensor requests queued while a send was under way go out as one RequestList
-    (of about ``_BATCH_BYTES`` at most);
-    a message queued whole (the open, a heartbeat) goes out as it is, in its
-    place: after the requests queued before it, before those queued after.
-    """
-    while True:
-        item = items.get()
-        if item is _CLOSE:
-            return
-        if isinstance(item, negotiation_pb2.WorkerMessage):
-            yield item
-            continue
-        batch = [item]
-        size = item.ByteSize()
-        after: object = None  # what ended the batch: a whole message, or the end
-        while size < _BATCH_BYTES:
-            try:
-                more = items.get_nowait()
-            except queue.Empty:
-                break
-            if more is _CLOSE or isinstance(more, negotiation_pb2.WorkerMessage):
-                after = more
-                break
-            batch.append(more)
-            size += more.ByteSize()
-        yield negotiation_pb2.WorkerMessage(requests=negotiation_pb2.RequestList(requests=batch))
-        if after is _CLOSE:
-            return
-        if isinstance(after, negotiation_pb2.WorkerMessage):
-            yield after
-
-
-class NegotiationStream:
-    """The bidirectional negotiation stream of one worker and generation.
-
-    Requests are queued by any thread and sent by gRPC's own sender thread;
-    all requests queued while a send was under way go out as one message (up
-    to about 1 MiB, then in the next), which is how a burst of ready
-    gradients becomes one negotiation message.
-    """
-
-    def __init__(self, client: CoordinatorClient, generation: int) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._closed = threading.Event()
-        open_msg = negotiation_pb2.WorkerMessage(open=negotiation_pb2.StreamOpen(
-            job_id=client.job_id, worker_id=client.worker_id, generation=generation))
-        self._queue.put(open_msg)
-        self._client = client
-        self._responses = client._negotiation.Negotiate(
-            self._requests(), metadata=client._metadata)
-
-    def _requests(self) -> Iterator[negotiation_pb2.WorkerMessage]:
-        return stream_messages(self._queue)
-
-    def send(self, request: negotiation_pb2.TensorRequest) -> None:
-        """Queues one tensor request for the coordinator."""
-        self._queue.put(request)
-
-    def heartbeat(self, sequence: int,
-                  telemetry: rendezvous_pb2.RankTelemetry | None = None) -> None:
-        """Queues a heartbeat (with this rank's telemetry); its answer comes back on the
-        stream, in order."""
-        self._queue.put(negotiation_pb2.WorkerMessage(
-            heartbeat=negotiation_pb2.StreamHeartbeat(sequence=sequence, telemetry=telemetry)))
-
-    def __iter__(self) -> Iterator[negotiation_pb2.CoordinatorMessage]:
-        """Yields coordinator messages until the stream ends.
-
-        Raises:
-            CoordinatorError: the stream broke (the coordinator died or refused us).
-        """
-        try:
-            yield from self._responses
-        except grpc.RpcError as exc:
-            if self._closed.is_set() and exc.code() == grpc.StatusCode.CANCELLED:
-                return
-            if exc.code() in _STREAM_BROKE:  # the coordinator went away, not a refusal
-                raise CoordinatorUnavailableError(
-                    f"coordinator {self._client.settings.coordinator}: the negotiation stream "
-                    f"broke ({exc.code()}): {exc.details()}") from exc
-            raise self._client._error(exc, "negotiation stream") from exc
-
-    def close(self) -> None:
-        self._closed.set()
-        self._queue.put(_CLOSE)
-        self._responses.cancel()

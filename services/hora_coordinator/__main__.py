@@ -19,9 +19,18 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from hora_proto.auth import job_token
+
 from .server import ServingInfo, serve
-from .settings import parse_command_line
-from .tokens import TokenFileError, TokenSource, connect_help, resolve_token
+from .settings import CommandLine, parse_command_line
+from .tokens import (
+    TokenFileError,
+    TokenSource,
+    WeakTokenError,
+    check_strength,
+    connect_help,
+    resolve_token,
+)
 
 __all__ = ["main", "write_ready_file"]
 
@@ -52,6 +61,24 @@ def write_ready_file(path: Path, info: ServingInfo) -> None:
         raise
 
 
+def print_job_token(command: CommandLine, job_id: str) -> int:
+    """Prints the token of job ``job_id`` (``--print-job-token``): it opens that job
+    only, and is what its workers should get. Never makes an admin token up."""
+    token = command.settings.token
+    if not token and command.token_file is not None and command.token_file.exists():
+        try:
+            token = resolve_token(command.settings, command.token_file).settings.token
+        except TokenFileError as exc:
+            logger.error("hora-coordinator: %s", exc)
+            return 1
+    if not token:
+        logger.error("hora-coordinator: --print-job-token needs the coordinator's token: "
+                     "--token, $HORA_TOKEN or an existing --token-file")
+        return 1
+    print(job_token(token, job_id))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the coordinator until SIGTERM or SIGINT; the exit status."""
     command = parse_command_line(argv)
@@ -60,11 +87,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if command.print_job_token is not None:
+        return print_job_token(command, command.print_job_token)
     try:
         resolved = resolve_token(command.settings, command.token_file)
-    except TokenFileError as exc:
+        weak = check_strength(resolved.settings)
+    except (TokenFileError, WeakTokenError) as exc:
         logger.error("hora-coordinator: %s", exc)
         return 1
+    if weak is not None:
+        logger.warning("hora-coordinator: %s", weak)
     settings = resolved.settings
     if resolved.source is TokenSource.FILE:
         logger.info("hora-coordinator: job token read from --token-file %s", command.token_file)

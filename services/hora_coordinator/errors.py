@@ -17,6 +17,8 @@
      +-- CallTimeoutError          some ranks did not make a collective call in time
      |                             (DEADLINE_EXCEEDED)
      +-- AuthenticationError       the job token is missing or wrong (UNAUTHENTICATED)
+     +-- PermissionDeniedError     a job token names another job, or a worker's secret
+     |                             is missing or wrong (PERMISSION_DENIED)
      +-- ResourceExhaustedError    a coordinator-wide limit is reached (RESOURCE_EXHAUSTED)
 
 The state transitions and the store raise these; the gRPC layer turns them
@@ -34,6 +36,7 @@ __all__ = [
     "JobFailedError",
     "KeyTimeoutError",
     "OutOfRangeError",
+    "PermissionDeniedError",
     "PreconditionError",
     "RankGoneError",
     "ResourceExhaustedError",
@@ -117,6 +120,11 @@ class CallTimeoutError(CoordinatorError):
 
 class AuthenticationError(CoordinatorError):
     """Raised when a call carries no job token or the wrong one."""
+
+
+class PermissionDeniedError(CoordinatorError):
+    """Raised when a job token names another job, or a call speaks for a worker
+    without that worker's secret (:mod:`.scopes`)."""
 
 
 class ResourceExhaustedError(CoordinatorError):

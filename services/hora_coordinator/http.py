@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from . import metrics
 from .coordinator import Coordinator
+from .guessing import GuessLimiter
 from .http_common import (
     CoordinatorDep,
     EventView,
@@ -35,7 +36,7 @@ from .http_common import (
     render_summaries,
 )
 from .http_telemetry import live_router, telemetry_router
-from .rest_auth import TokenGuard, is_loopback
+from .rest_auth import SCOPE_JOB_KEY, TokenGuard, is_loopback
 
 __all__ = ["create_app"]
 
@@ -80,6 +81,7 @@ async def get_metrics(coordinator: CoordinatorDep, render: RendererDep) -> Respo
 
 @jobs_router.get("", response_model=list[JobSummary])
 async def list_jobs(
+    request: Request,
     coordinator: CoordinatorDep,
     render: RendererDep,
     offset: Annotated[int, Query(ge=0, description="jobs to skip, oldest first")] = 0,
@@ -87,8 +89,10 @@ async def list_jobs(
         int | None, Query(ge=1, description="most jobs to answer (default: all)")
     ] = None,
 ) -> Response:
-    """The jobs this coordinator holds, oldest first; ``X-Total-Count`` counts them all."""
-    rows, total = await list_job_rows(coordinator, offset, limit)
+    """The jobs this coordinator holds, oldest first; ``X-Total-Count`` counts them all.
+    A job token's holder sees its job only."""
+    rows, total = await list_job_rows(coordinator, offset, limit,
+                                      request.scope.get(SCOPE_JOB_KEY))
     body = await render(render_summaries, rows)
     return json_response(body, {"X-Total-Count": str(total)})
 
@@ -120,7 +124,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     app = FastAPI(title="hora coordinator", version="1")
     settings = coordinator.settings
     if not is_loopback(settings.host):
-        app.add_middleware(TokenGuard, token=settings.token, secure_cookie=settings.tls)
+        app.add_middleware(TokenGuard, token=settings.token, secure_cookie=settings.tls,
+                           limiter=GuessLimiter(settings.guess_burst, settings.guess_rate))
     app.state.coordinator = coordinator
     app.state.renderer = Renderer()
     app.include_router(health_router)

@@ -254,10 +254,15 @@ def render_events(events: list[state.JobEvent]) -> bytes:
     return _EVENTS.dump_json(_EVENTS.validate_python(events, from_attributes=True))
 
 
-async def list_job_rows(coordinator: Coordinator, offset: int, limit: int | None
-                        ) -> tuple[list[dict[str, Any]], int]:
-    """Summary rows of a page of jobs (oldest first), and how many jobs there are."""
-    jobs = list(coordinator.jobs.values())
+async def list_job_rows(coordinator: Coordinator, offset: int, limit: int | None,
+                        only: str | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Summary rows of a page of jobs (oldest first), and how many jobs there are;
+    with ``only`` (a job token's job), of that job alone."""
+    if only is not None:
+        one = coordinator.jobs.get(only)
+        jobs = [one] if one is not None else []
+    else:
+        jobs = list(coordinator.jobs.values())
     page = jobs[offset:] if limit is None else jobs[offset:offset + limit]
     return await sliced(page, _SummaryCopier(coordinator)), len(jobs)
 

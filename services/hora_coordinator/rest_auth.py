@@ -1,12 +1,14 @@
-"""The job token on the HTTP API, once the coordinator is reachable off this machine.
+"""The tokens on the HTTP API, once the coordinator is reachable off this machine.
 
 On a loopback address only this machine's users reach the API, as before,
 and it stays open. On any other address every path but the health probes
-(``/healthz``, ``/readyz``, which say nothing about jobs) wants the job
-token, as one of:
+(``/healthz``, ``/readyz``, which say nothing about jobs) wants the admin
+token (everything) or a job token (that job only: :func:`job_path_allowed`;
+the job list shows it alone, other paths are 403), as one of:
 
 - the header ``Authorization: Bearer <token>`` (scripts, Prometheus);
-- the cookie ``hora_token`` (a browser);
+- the cookie ``hora_token`` (a browser): the value this guard set, derived
+  from the token (:func:`hora_proto.auth.cookie_value`), or a token set by hand;
 - the query ``?token=<token>``, the URL a coordinator prints when it made its
   token up; the answer sets the cookie, so the next pages need no query.
 
@@ -36,9 +38,14 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-__all__ = ["COOKIE_NAME", "LOGIN_PATH", "OPEN_PATHS", "TokenGuard", "is_loopback", "safe_next"]
+from hora_proto.auth import cookie_value, job_of_cookie, job_of_token
+
+from .guessing import GuessLimiter
+
+__all__ = ["COOKIE_NAME", "LOGIN_PATH", "OPEN_PATHS", "SCOPE_JOB_KEY", "TokenGuard",
+           "is_loopback", "job_path_allowed", "safe_next"]
 
 COOKIE_NAME = "hora_token"
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -132,72 +139,161 @@ def _matches(sent: str | None, token: bytes) -> bool:
     return sent is not None and secrets.compare_digest(sent.encode("utf-8", "replace"), token)
 
 
+#: The ASGI scope key that holds the job a job token limits the request to.
+SCOPE_JOB_KEY = "hora.job"
+_ADMIN: tuple[bool, str | None] = (True, None)
+_NOBODY: tuple[bool, str | None] = (False, None)
+
+
+def job_path_allowed(path: str, job: str) -> bool:
+    """Whether a caller holding job ``job``'s token may ask for ``path``: that job's
+    API and page, the job list (filtered to it), the dashboard's static files."""
+    parts = path.split("/")
+    if path == "/api/v1/jobs" or path.startswith("/static/"):
+        return True
+    if parts[1:4] == ["api", "v1", "jobs"] and len(parts) > 4:
+        return parts[4] == job
+    return len(parts) == 3 and parts[1] == "jobs" and parts[2] == job
+
+
 class TokenGuard:
-    """ASGI middleware: refuses requests off :data:`OPEN_PATHS` without the token.
+    """ASGI middleware: refuses requests off :data:`OPEN_PATHS` without a token.
+
+    The admin token opens everything; a job token (:func:`hora_proto.auth.job_token`)
+    opens its job's paths only (:func:`job_path_allowed`; others are 403, and ``/``
+    goes to the job's page). The cookie it sets holds a value derived from the
+    token (:func:`hora_proto.auth.cookie_value`), never the token.
 
     Args:
         app: The application it guards.
-        token: The job token.
+        token: The admin token.
         secure_cookie: Mark the cookie it sets ``Secure`` (the API serves TLS).
+        limiter: The wrong-token budget per client address (:mod:`.guessing`).
     """
 
-    def __init__(self, app: ASGIApp, token: str, secure_cookie: bool = False) -> None:
+    def __init__(self, app: ASGIApp, token: str, secure_cookie: bool = False,
+                 limiter: GuessLimiter | None = None) -> None:
         self.app = app
+        self._admin = token
         self._token = token.encode("utf-8")
-        self._cookie = (
-            f"{COOKIE_NAME}={token}; Path=/; HttpOnly; SameSite=Strict"
-            + ("; Secure" if secure_cookie else "")
+        self._secure = secure_cookie
+        self._limiter = limiter if limiter is not None else GuessLimiter()
+
+    def _cookie(self, job: str | None) -> bytes:
+        return (
+            f"{COOKIE_NAME}={cookie_value(self._admin, job)}; Path=/; HttpOnly; SameSite=Strict"
+            + ("; Secure" if self._secure else "")
         ).encode("latin-1")
+
+    def _token_caller(self, sent: str) -> tuple[bool, str | None]:
+        """``(valid, job)`` of a token: job None for the admin token."""
+        if _matches(sent, self._token):
+            return _ADMIN
+        job = job_of_token(self._admin, sent)
+        return (True, job) if job is not None else _NOBODY
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
+        client = scope.get("client") or ("", 0)
+        address, connection = str(client[0]), f"{client[0]}:{client[1]}"
+        if not self._limiter.admits(address, connection):
+            await _plain(send, 429, b"too many wrong tokens from this address: retry later")
+            return
         if scope["type"] == "http" and scope["path"] == LOGIN_PATH and scope["method"] == "POST":
-            await self._login(scope, receive, send)
+            await self._login(scope, receive, send, address, connection)
             return
         headers: dict[bytes, list[bytes]] = {}
         for name, value in scope.get("headers", ()):
             headers.setdefault(name.lower(), []).append(value)
-        if any(self._bearer_ok(v) for v in headers.get(b"authorization", ())) or any(
-            self._cookie_ok(v) for v in headers.get(b"cookie", ())
-        ):
-            await self.app(scope, receive, send)
+        sent_any, caller = self._caller(headers)
+        if not caller[0]:
+            query_sent = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(
+                _QUERY_NAME, [])
+            sent_any = sent_any or bool(query_sent)
+            for value in query_sent:
+                caller = self._token_caller(value)
+                if caller[0]:
+                    send = self._setting_cookie(send, caller[1])
+                    break
+        if caller[0]:
+            self._limiter.proved(connection)
+            await self._scoped(scope, receive, send, caller[1])
             return
-        if self._query_ok(scope.get("query_string", b"")):
-            await self.app(scope, receive, self._setting_cookie(send))
-            return
+        if sent_any:
+            self._limiter.failed(address, connection)
         if _wants_page(scope, headers):
             await self._send_form(scope, send, _asked_for(scope), wrong=False)
             return
         await self._refuse(scope, send)
 
-    def _bearer_ok(self, value: bytes) -> bool:
-        scheme, _, sent = value.decode("latin-1").partition(" ")
-        return scheme.lower() == "bearer" and _matches(sent.strip(), self._token)
+    def _caller(self, headers: dict[bytes, list[bytes]]) -> tuple[bool, tuple[bool, str | None]]:
+        """Whether any credential came in a header or cookie, and the caller it proves."""
+        sent_any = False
+        for value in headers.get(b"authorization", ()):
+            scheme, _, sent = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer":
+                sent_any = True
+                caller = self._token_caller(sent.strip())
+                if caller[0]:
+                    return True, caller
+        for value in headers.get(b"cookie", ()):
+            cookies: SimpleCookie = SimpleCookie()
+            try:
+                cookies.load(value.decode("latin-1"))
+            except CookieError:  # a malformed Cookie header is just no token
+                continue
+            morsel = cookies.get(COOKIE_NAME)
+            if morsel is None:
+                continue
+            sent_any = True
+            valid, job = job_of_cookie(self._admin, morsel.value)
+            if valid:
+                return True, (True, job)
+            caller = self._token_caller(morsel.value)  # a token set by hand, as before
+            if caller[0]:
+                return True, caller
+        return sent_any, _NOBODY
 
-    def _cookie_ok(self, value: bytes) -> bool:
-        cookies: SimpleCookie = SimpleCookie()
-        try:
-            cookies.load(value.decode("latin-1"))
-        except CookieError:  # a malformed Cookie header is just no token
-            return False
-        morsel = cookies.get(COOKIE_NAME)
-        return _matches(morsel.value if morsel is not None else None, self._token)
+    async def _scoped(self, scope: Scope, receive: Receive, send: Send, job: str | None) -> None:
+        """Serves a request of the admin (``job`` None) or of job ``job``'s token holder."""
+        if job is None:
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if job_path_allowed(path, job):
+            scope[SCOPE_JOB_KEY] = job
+            await self.app(scope, receive, send)
+            return
+        if path == "/" and scope["type"] == "http":
+            target = scope.get("root_path", "") + "/jobs/" + quote(job, safe="")
+            await send({"type": "http.response.start", "status": 303, "headers": [
+                (b"location", target.encode("latin-1", "replace")),
+                (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = json.dumps({"detail": f"this job token opens job {job!r} only"}).encode()
+        await send({"type": "http.response.start", "status": 403, "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
-    def _query_ok(self, query: bytes) -> bool:
-        sent = parse_qs(query.decode("latin-1")).get(_QUERY_NAME, [])
-        return any(_matches(value, self._token) for value in sent)
+    def _setting_cookie(self, send: Send, job: str | None) -> Send:
+        cookie = self._cookie(job)
 
-    def _setting_cookie(self, send: Send) -> Send:
         async def send_with_cookie(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), (b"set-cookie", self._cookie)]
+                message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
             await send(message)
 
         return send_with_cookie
 
-    async def _login(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _login(self, scope: Scope, receive: Receive, send: Send, address: str,
+                     connection: str) -> None:
         """``POST /login``: the form's token, checked; the cookie and a 303 back, or the
         form again (401)."""
         body = bytearray()
@@ -220,12 +316,17 @@ class TokenGuard:
         fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
         target = safe_next((fields.get("next") or ["/"])[0])
         sent = (fields.get("token") or [""])[0].strip()
-        if not _matches(sent, self._token):
+        valid, job = self._token_caller(sent)
+        if not valid:
+            self._limiter.failed(address, connection)
             await self._send_form(scope, send, target, wrong=True)
             return
+        self._limiter.proved(connection)
+        if job is not None and not job_path_allowed(urlsplit(target).path, job):
+            target = scope.get("root_path", "") + "/jobs/" + quote(job, safe="")
         await send({"type": "http.response.start", "status": 303, "headers": [
             (b"location", target.encode("latin-1", "replace")),
-            (b"set-cookie", self._cookie),
+            (b"set-cookie", self._cookie(job)),
             (b"cache-control", b"no-store"),
             (b"content-length", b"0"),
         ]})

@@ -25,6 +25,7 @@ from hora_proto.refusals import RefusalLog
 
 from .auth import TokenAuthInterceptor
 from .coordinator import Coordinator
+from .guessing import GuessLimiter
 from .http import create_app
 from .journal import open_journal
 from .servicer import add_servicers
@@ -98,7 +99,8 @@ def create_grpc_server(
     # and 10,000-worker starts (bench/README.md). Let a whole job's burst wait.
     pending = 2 * settings.max_members_per_job
     server = grpc.aio.server(
-        interceptors=[TokenAuthInterceptor(settings.token, refusals)],
+        interceptors=[TokenAuthInterceptor(
+            settings.token, refusals, GuessLimiter(settings.guess_burst, settings.guess_rate))],
         options=[
             ("grpc.so_reuseport", 0),
             # Deliberate, not gRPC's default by chance: a larger request is

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from hora_proto.auth import TOKEN_METADATA_KEY, worker_secret
 from hora_proto.v1 import (
     negotiation_pb2,
     negotiation_pb2_grpc,
@@ -35,11 +36,13 @@ from .errors import (
     InvalidRequestError,
     KeyTimeoutError,
     OutOfRangeError,
+    PermissionDeniedError,
     PreconditionError,
     ResourceExhaustedError,
     SupersededError,
     UnknownError,
 )
+from .scopes import join_allowed, metadata_value
 
 __all__ = [
     "DETAILS_BUDGET_BYTES",
@@ -57,6 +60,7 @@ logger = logging.getLogger("hora_coordinator")
 # Most specific first: status_for walks it in order.
 _STATUS: tuple[tuple[type[CoordinatorError], grpc.StatusCode], ...] = (
     (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (OutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
     (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -131,7 +135,15 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @_mapped
     async def Join(self, request, context):  # noqa: N802 (gRPC method names)
-        return wire.join_response_pb(await self._c.join(wire.join_request(request)))
+        admin = self._c.settings.token
+        metadata = context.invocation_metadata()
+        if metadata_value(metadata, TOKEN_METADATA_KEY) != admin:  # a job token (auth checked it)
+            job = self._c.jobs.get(request.job_id)
+            is_member = job is not None and request.worker_id in job.by_worker
+            join_allowed(admin, request.job_id, request.worker_id, is_member, metadata)
+        response = wire.join_response_pb(await self._c.join(wire.join_request(request)))
+        response.worker_secret = worker_secret(admin, request.job_id, request.worker_id)
+        return response
 
     @_mapped
     async def Leave(self, request, context):  # noqa: N802

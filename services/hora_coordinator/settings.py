@@ -88,6 +88,11 @@ class CoordinatorSettings:
         state_dir: Where the journal lives (SQLite in WAL mode); None keeps no
             journal, and a restart then rebuilds running jobs from their
             members' reports alone.
+        guess_burst: Wrong tokens one client address may send before it is
+            slowed down (:mod:`.guessing`); 0 never slows anyone.
+        guess_rate: Wrong tokens per second it may send once slowed down.
+        allow_weak_token: Serve off loopback with a token of under 128 bits
+            (:func:`.tokens.check_strength`); on loopback a weak one only warns.
     """
 
     host: str = "127.0.0.1"
@@ -115,6 +120,9 @@ class CoordinatorSettings:
     max_message_bytes: int = 4 * 1024 * 1024
     log_level: str = "INFO"
     state_dir: Path | None = None
+    guess_burst: int = 500
+    guess_rate: float = 5.0
+    allow_weak_token: bool = False
 
     def __post_init__(self) -> None:
         for name in ("grpc_port", "http_port"):
@@ -124,6 +132,9 @@ class CoordinatorSettings:
         for name in ("lease", "heartbeat_interval", "stall_check_interval"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.guess_burst < 0 or not self.guess_rate > 0:
+            raise ValueError(f"guess_burst must not be negative ({self.guess_burst}) and "
+                             f"guess_rate must be positive ({self.guess_rate})")
         if not self.heartbeat_budget > 0:
             raise ValueError(f"heartbeat_budget must be positive, got {self.heartbeat_budget}")
         for name in ("job_retention", "refusal_log_interval"):
@@ -171,11 +182,13 @@ class CommandLine:
         token_file: Where the token is kept (mode 0600), if anywhere: read at
             start when no token is given and it exists, else written
             (:func:`.tokens.resolve_token`).
+        print_job_token: Print this job's token (derived from the admin token) and exit.
     """
 
     settings: CoordinatorSettings
     ready_file: Path | None
     token_file: Path | None = None
+    print_job_token: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,6 +270,21 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"limit: {name.replace('_', ' ')} (default %(default)s)",
         )
     parser.add_argument(
+        "--guess-burst", type=int, default=defaults.guess_burst,
+        help="wrong tokens one address may send before its new connections are refused "
+        "for a while; 0: never (default %(default)s)")
+    parser.add_argument(
+        "--guess-rate", type=float, default=defaults.guess_rate,
+        help="wrong tokens per second an address may send past --guess-burst "
+        "(default %(default)s)")
+    parser.add_argument(
+        "--print-job-token", metavar="JOB_ID", default=None,
+        help="print the token of job JOB_ID (it opens that job only: give it to the job's "
+        "workers) from --token, $HORA_TOKEN or --token-file, and exit")
+    parser.add_argument(
+        "--allow-weak-token", action="store_true",
+        help="serve off loopback even with a token of under 128 bits (refused otherwise)")
+    parser.add_argument(
         "--state-dir",
         type=Path,
         default=None,
@@ -307,9 +335,13 @@ def parse_command_line(
             refusal_log_interval=timedelta(seconds=args.refusal_log_interval_s),
             **{name: getattr(args, name) for name in _LIMITS},
             log_level=log_level,
+            guess_burst=args.guess_burst,
+            guess_rate=args.guess_rate,
+            allow_weak_token=args.allow_weak_token,
             state_dir=args.state_dir or (Path(env["HORA_STATE_DIR"])
                                          if env.get("HORA_STATE_DIR") else None),
         )
     except ValueError as exc:
         parser.error(str(exc))
-    return CommandLine(settings=settings, ready_file=args.ready_file, token_file=args.token_file)
+    return CommandLine(settings=settings, ready_file=args.ready_file, token_file=args.token_file,
+                       print_job_token=args.print_job_token)

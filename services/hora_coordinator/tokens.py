@@ -21,13 +21,48 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hora_proto.auth import WEAK_TOKEN_BITS, token_bits
+
+from .rest_auth import is_loopback
 from .settings import CoordinatorSettings
 
-__all__ = ["TokenFileError", "TokenSource", "connect_help", "resolve_token"]
+__all__ = [
+    "WEAK_TOKEN_BITS",
+    "TokenFileError",
+    "TokenSource",
+    "WeakTokenError",
+    "check_strength",
+    "connect_help",
+    "resolve_token",
+]
 
 
 class TokenFileError(RuntimeError):
     """The token file cannot be read or written, is empty, or others may read it."""
+
+
+class WeakTokenError(RuntimeError):
+    """A weak token on an address other machines reach, without ``--allow-weak-token``."""
+
+
+def check_strength(settings: CoordinatorSettings) -> str | None:
+    """A warning when the admin token is weak (under :data:`WEAK_TOKEN_BITS` bits, e.g.
+    fewer than 32 hex or 22 base64 characters), else None.
+
+    Raises:
+        WeakTokenError: it is weak and the servers bind an address off loopback,
+            unless ``settings.allow_weak_token``.
+    """
+    bits = token_bits(settings.token)
+    if bits >= WEAK_TOKEN_BITS:
+        return None
+    problem = (f"the token has about {bits:.0f} bits of entropy, under {WEAK_TOKEN_BITS}: "
+               f"it can be guessed. Use a random one (e.g. `openssl rand -hex 16`), or leave "
+               f"--token and $HORA_TOKEN unset and one is made up")
+    if not is_loopback(settings.host) and not settings.allow_weak_token:
+        raise WeakTokenError(f"{problem}; refusing to serve it on {settings.host} "
+                             f"(--allow-weak-token serves it anyway)")
+    return problem
 
 
 class TokenSource(enum.Enum):

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from hora_proto.v1 import negotiation_pb2 as npb
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
+from .errors import InvalidRequestError
 from .messages import (
     AddProcessSetRequest,
     CoordinatorMessage,
@@ -96,8 +97,34 @@ def rank_telemetry(owner: rpb.HeartbeatRequest | npb.StreamHeartbeat) -> RankTel
     )
 
 
+# Durations a caller sets, in milliseconds: at most about 31 years.
+_MS_LIMIT = 10**12
+
+
+def _bounded(what: str, value: int, limit: int) -> int:
+    """``value`` if within ``[0, limit]``, else INVALID_ARGUMENT: the coordinator keeps
+    it and counts from it (a generation or an epoch of 2**63 - 1 would overflow int64
+    at the next increment)."""
+    if not 0 <= value <= limit:
+        raise InvalidRequestError(f"{what} {value} is outside [0, {limit}]")
+    return value
+
+
 def join_request(message: rpb.JoinRequest) -> JoinRequest:
-    """A Join's request as the transitions read it."""
+    """A Join's request as the transitions read it; refuses values out of range.
+
+    Raises:
+        InvalidRequestError: a size, a duration or the fusion threshold is negative
+            or absurdly large.
+    """
+    _bounded("fusion_threshold_bytes", message.fusion_threshold_bytes, _COUNT_LIMIT)
+    for what, ms in (("stall_warning_ms", message.stall_warning_ms),
+                     ("stall_shutdown_ms", message.stall_shutdown_ms),
+                     ("elastic_timeout_ms", message.elastic_timeout_ms)):
+        _bounded(what, ms, _MS_LIMIT)
+    for what, size in (("min_size", message.min_size), ("max_size", message.max_size),
+                       ("pid", message.pid)):
+        _bounded(what, size, (1 << 31) - 1)
     return JoinRequest(
         job_id=message.job_id,
         worker_id=message.worker_id,
@@ -116,8 +143,19 @@ def join_request(message: rpb.JoinRequest) -> JoinRequest:
 
 
 def reattach_request(message: rpb.ReattachRequest) -> ReattachRequest:
-    """A Reattach's report as the transitions read it."""
+    """A Reattach's report as the transitions read it; refuses values out of range.
+
+    Raises:
+        InvalidRequestError: the generation, the host-change epoch or a rank is
+            negative or past :data:`_COUNT_LIMIT` (2**53).
+    """
     world = message.world
+    _bounded("generation", world.generation, _COUNT_LIMIT)
+    _bounded("host_update_epoch", message.host_update_epoch, _COUNT_LIMIT)
+    _bounded("rank", world.rank, (1 << 31) - 1)
+    for member in world.members:
+        _bounded("member rank", member.rank, (1 << 31) - 1)
+        _bounded("member pid", member.pid, (1 << 31) - 1)
     return ReattachRequest(
         join=join_request(message.join),
         generation=world.generation,

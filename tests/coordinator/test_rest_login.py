@@ -22,6 +22,7 @@ import pytest
 from coordinator_clients import new_job_id
 
 from hora_coordinator.rest_auth import TokenGuard, safe_next
+from hora_proto.auth import cookie_value
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 
@@ -137,7 +138,9 @@ def test_a_browser_without_the_token_gets_a_login_form_and_nothing_else(coordina
     right = seen["right"]
     assert right["status"] == 303 and right["location"] == f"/jobs/{job}", right
     cookie_line = right["set_cookie"]
-    assert cookie_line.startswith(f"hora_token={token};"), cookie_line
+    # A value derived from the token (issue 25), never the token itself.
+    assert cookie_line.startswith(f"hora_token={cookie_value(token, None)};"), cookie_line
+    assert token not in cookie_line
     assert "HttpOnly" in cookie_line and "SameSite=Strict" in cookie_line
     assert "Path=/" in cookie_line and "Secure" not in cookie_line  # plain HTTP here
     for name in ("to_other_host", "to_other_scheme", "to_backslash", "to_script"):

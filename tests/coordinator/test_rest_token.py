@@ -8,33 +8,19 @@ that namespace too, so nothing but the test's own address is ever touched.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import httpx
 import pytest
 from coordinator_clients import Client, new_job_id
+from support.rest_probe import PROBE, run_inside
+
+from hora_proto.auth import cookie_value
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 
 HERE = Path(__file__).resolve().parent
-
-# Runs inside the namespace: one GET per case, printed as JSON.
-PROBE = textwrap.dedent("""
-    import json, sys
-    import httpx
-    url, cases = sys.argv[1], json.loads(sys.argv[2])
-    out = {}
-    for name, (path, headers, cookies) in cases.items():
-        with httpx.Client(base_url=url, timeout=5, cookies=cookies) as client:
-            answer = client.get(path, headers=headers)
-        out[name] = {"status": answer.status_code, "body": answer.text,
-                     "www": answer.headers.get("www-authenticate", ""),
-                     "set_cookie": answer.headers.get("set-cookie", "")}
-    print(json.dumps(out))
-""")
 
 JOIN = textwrap.dedent("""
     import sys
@@ -46,18 +32,11 @@ JOIN = textwrap.dedent("""
 """)
 
 
-def _inside(netns, *argv: str) -> str:
-    done = subprocess.run([*netns.prefix, sys.executable, *argv], capture_output=True,
-                          text=True, timeout=30)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 def test_off_loopback_every_route_but_the_probes_needs_the_token(coordinator_factory, netns):
     coordinator = coordinator_factory(host=netns.address, command_prefix=netns.prefix)
     token = coordinator.token
     job = new_job_id()
-    _inside(netns, "-c", JOIN, coordinator.grpc_address, token, str(HERE), job)
+    run_inside(netns, "-c", JOIN, coordinator.grpc_address, token, str(HERE), job)
     bearer = {"Authorization": f"Bearer {token}"}
     cases = {
         "jobs_bare": ("/api/v1/jobs", {}, {}),
@@ -76,7 +55,7 @@ def test_off_loopback_every_route_but_the_probes_needs_the_token(coordinator_fac
         "healthz_bare": ("/healthz", {}, {}),
         "readyz_bare": ("/readyz", {}, {}),
     }
-    seen = json.loads(_inside(netns, "-c", PROBE, coordinator.http_url, json.dumps(cases)))
+    seen = json.loads(run_inside(netns, "-c", PROBE, coordinator.http_url, json.dumps(cases)))
 
     for name in ("jobs_bare", "job_bare", "unknown_job_bare", "events_bare", "metrics_bare",
                  "jobs_wrong_bearer", "jobs_wrong_cookie", "jobs_wrong_scheme"):
@@ -95,7 +74,9 @@ def test_off_loopback_every_route_but_the_probes_needs_the_token(coordinator_fac
     assert "hora_jobs" in seen["metrics_bearer"]["body"]
     # A browser that opened the URL with ?token= keeps the cookie for the next pages.
     cookie = seen["jobs_query"]["set_cookie"]
-    assert cookie.startswith(f"hora_token={token}") and "HttpOnly" in cookie, cookie
+    # It holds a value derived from the token (issue 25), never the token itself.
+    assert cookie.startswith(f"hora_token={cookie_value(token, None)};"), cookie
+    assert token not in cookie and "HttpOnly" in cookie, cookie
     assert "samesite=strict" in cookie.lower()
     assert seen["jobs_bearer"]["set_cookie"] == ""
 

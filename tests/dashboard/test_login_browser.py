@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from hora_proto.auth import cookie_value
+
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.timeout(90)]
 
 CLIENTS = Path(__file__).resolve().parents[1] / "coordinator"
@@ -94,6 +96,8 @@ def test_the_token_is_asked_once_and_kept_in_a_cookie(chromium_executable, coord
     assert "login-host" in seen["rank_text"]
     assert seen["live"]
     (cookie,) = seen["cookies"]
-    assert (cookie["name"], cookie["value"]) == ("hora_token", token)
+    # A value derived from the token (issue 25), never the token itself.
+    assert (cookie["name"], cookie["value"]) == ("hora_token", cookie_value(token, None))
+    assert token not in cookie["value"]
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and not cookie["secure"]
     assert job in seen["jobs_row"]

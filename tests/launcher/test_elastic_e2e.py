@@ -25,6 +25,7 @@ import grpc
 import pytest
 from launcher_helpers import HORARUN, NO_COORDINATOR, Discovery, pid_gone
 
+from hora_proto.auth import job_token
 from hora_proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 pytestmark = pytest.mark.e2e
@@ -153,7 +154,7 @@ def test_new_host_gets_a_worker(worker_script: Script, discovery: Discovery, run
     assert envs["127.0.0.3:0"] == {
         "HORA_COORDINATOR": address,
         "HORA_JOB_ID": "job-grow",
-        "HORA_TOKEN": "tok",
+        "HORA_TOKEN": job_token("tok", "job-grow"),  # the job's token, never the admin's
         # Horovod's placement of the slot it started in: rank 1 of 2 (the
         # rank is also its hint to the coordinator, the size the world it
         # was started for).

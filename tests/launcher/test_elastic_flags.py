@@ -13,6 +13,7 @@ from hora.runner.discovery import DiscoveryError, HostPoller, run_discovery_scri
 from hora.runner.env import elastic_worker_environment
 from hora.runner.hosts import HostError, HostSlots, parse_discovery_output
 from hora.settings import Settings
+from hora_proto.auth import job_token
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
@@ -172,7 +173,7 @@ def test_elastic_worker_environment() -> None:
         "OMP_NUM_THREADS": "1",
         "HORA_COORDINATOR": "127.0.0.1:5000",
         "HORA_JOB_ID": "j",
-        "HORA_TOKEN": "t",
+        "HORA_TOKEN": job_token("t", "j"),  # the job's token, never the admin's
         "HORA_SIZE": "2",
         "HORA_RANK": "-1",
         "HORA_HOSTNAME": "127.0.0.3",

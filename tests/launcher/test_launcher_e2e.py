@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from launcher_helpers import HORARUN, NO_COORDINATOR, pid_gone
 
+from hora_proto.auth import job_token
+
 pytestmark = pytest.mark.e2e
 
 Run = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -79,7 +81,7 @@ def test_env_single_host(horarun: Run, worker_script: Script) -> None:
         assert env == {
             "HORA_COORDINATOR": "127.0.0.1:1",
             "HORA_JOB_ID": "job-env",
-            "HORA_TOKEN": "tok",
+            "HORA_TOKEN": job_token("tok", "job-env"),  # never the admin token
             "HORA_SIZE": "3",
             "HORA_RANK": str(rank),
             "HORA_HOSTNAME": "localhost",

@@ -27,6 +27,7 @@ from hora.runner.hosts import (
 from hora.runner.output import WorkerOutput
 from hora.runner.supervisor import Supervisor, describe_exit, exit_code_of
 from hora.settings import MiB, Settings
+from hora_proto.auth import job_token
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
@@ -222,7 +223,7 @@ def test_worker_environment() -> None:
         "PYTHONUNBUFFERED": "1",
         "HORA_COORDINATOR": "127.0.0.1:5000",
         "HORA_JOB_ID": "j",
-        "HORA_TOKEN": "t",
+        "HORA_TOKEN": job_token("t", "j"),  # the job's token, never the admin's
         "HORA_SIZE": "3",
         "HORA_RANK": "2",
         "HORA_HOSTNAME": "127.0.0.3",

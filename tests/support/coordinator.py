@@ -53,7 +53,7 @@ class CoordinatorProcess:
     ) -> None:
         self.extra_args = list(extra_args)
         self.command_prefix = list(command_prefix)
-        self.token = token if token is not None else secrets.token_hex(8)
+        self.token = token if token is not None else secrets.token_hex(16)
         self.host = host
         self.startup_timeout = startup_timeout
         self._env = dict(env or {})

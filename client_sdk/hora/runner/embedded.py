@@ -9,10 +9,12 @@ negotiation table answers in process, with no server. Nothing else in
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from hora_proto.auth import WEAK_TOKEN_BITS, token_bits
 from hora_proto.v1 import negotiation_pb2
 
 __all__ = ["LocalNegotiation", "RunningCoordinator", "local_negotiation", "refused_call",
@@ -52,6 +54,13 @@ def start_embedded_coordinator(host: str, token: str, http_port: int = 0,
 
     # TLS fields only when asked: settings without them are the plaintext default.
     files: dict[str, Any] = {} if tls is None else {"tls_cert": tls[0], "tls_key": tls[1]}
+    # The launcher's workers get job tokens derived from this one; a weak one the
+    # user chose is warned about (hora-coordinator itself refuses it off loopback).
+    if token_bits(token) < WEAK_TOKEN_BITS:
+        print(f"horarun: warning: the token has about {token_bits(token):.0f} bits of "
+              f"entropy, under {WEAK_TOKEN_BITS}: it can be guessed; use a random one "
+              f"(e.g. `openssl rand -hex 16`), or give none and horarun makes one up",
+              file=sys.stderr, flush=True)
     coordinator = EmbeddedCoordinator(CoordinatorSettings(
         host=host, grpc_port=0, http_port=http_port, token=token, **files))
     coordinator.start()

@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from hora.settings import ENV_VARS, Settings
+from hora_proto.auth import JOB_TOKEN_PREFIX, job_token
 
 from .hosts import SlotInfo, data_plane_address
 
 __all__ = ["HOROVOD_PLACEMENT_VARS", "PER_RANK_FIELDS", "elastic_worker_environment",
-           "worker_environment"]
+           "worker_environment", "workers_token"]
 
 # Settings fields every worker is given, whatever the flags; the others are
 # passed only when a flag set them, so a worker's own defaults (or variables
@@ -38,6 +39,15 @@ HOROVOD_PLACEMENT_VARS = (
 _FIRST_NAME = {var.field: var.names[0] for var in ENV_VARS}
 
 
+def workers_token(token: str, job_id: str) -> str:
+    """The token a worker of job ``job_id`` is given: the job token derived from
+    the coordinator's admin ``token`` (it opens this job only), never the admin
+    token itself; a job token given to the launcher is passed on as it is."""
+    if not token or token.startswith(JOB_TOKEN_PREFIX):
+        return token
+    return job_token(token, job_id)
+
+
 def _environment(base: Mapping[str, str], *, hostname: str, rank: int, size: int,
                  coordinator: str, job_id: str, token: str,
                  worker_settings: Mapping[str, Any] | None) -> dict[str, str]:
@@ -47,7 +57,7 @@ def _environment(base: Mapping[str, str], *, hostname: str, rank: int, size: int
     settings = Settings(
         coordinator=coordinator,
         job_id=job_id,
-        token=token,
+        token=workers_token(token, job_id),
         size=size,
         rank=rank,
         hostname=hostname,

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ehora_proto/v1/rendezvous.proto\x12\x07hora.v1\"\xa6\x02\n\x0bJoinRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x15\n\rexpected_size\x18\x05 \x01(\x05\x12\x11\n\trank_hint\x18\x06 \x01(\x05\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x07 \x01(\t\x12\x1e\n\x16\x66usion_threshold_bytes\x18\x08 \x01(\x03\x12\x18\n\x10stall_warning_ms\x18\t \x01(\x03\x12\x19\n\x11stall_shutdown_ms\x18\n \x01(\x03\x12\x10\n\x08min_size\x18\x0b \x01(\x05\x12\x10\n\x08max_size\x18\x0c \x01(\x05\x12\x1a\n\x12\x65lastic_timeout_ms\x18\r \x01(\x03\"\xb9\x01\n\x06Member\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12#\n\x05state\x18\x05 \x01(\x0e\x32\x14.hora.v1.MemberState\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x06 \x01(\t\x12\x12\n\nlocal_rank\x18\x07 \x01(\x05\x12\x1e\n\x16last_heartbeat_unix_ms\x18\x08 \x01(\x03\"\x86\x02\n\tWorldView\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0c\n\x04size\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nlocal_rank\x18\x05 \x01(\x05\x12\x12\n\nlocal_size\x18\x06 \x01(\x05\x12\x12\n\ncross_rank\x18\x07 \x01(\x05\x12\x12\n\ncross_size\x18\x08 \x01(\x05\x12\x16\n\x0eis_homogeneous\x18\t \x01(\x08\x12 \n\x07members\x18\n \x03(\x0b\x32\x0f.hora.v1.Member\x12\x14\n\x0cstore_prefix\x18\x0b \x01(\t\x12\x19\n\x11host_update_epoch\x18\x0c \x01(\x03\"1\n\x0cJoinResponse\x12!\n\x05world\x18\x01 \x01(\x0b\x32\x12.hora.v1.WorldView\"Q\n\x0cLeaveRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06rejoin\x18\x04 \x01(\x08\"\x0f\n\rLeaveResponse\"t\n\x10HeartbeatRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12)\n\ttelemetry\x18\x04 \x01(\x0b\x32\x16.hora.v1.RankTelemetry\"\xdf\x01\n\rRankTelemetry\x12\r\n\x05steps\x18\x01 \x01(\x03\x12\x13\n\x0blast_step_s\x18\x02 \x01(\x01\x12\x13\n\x0bsteps_per_s\x18\x03 \x01(\x01\x12\x12\n\nbatch_size\x18\x04 \x01(\x03\x12\x0e\n\x06rounds\x18\x05 \x01(\x03\x12\x17\n\x0flateness_p50_ms\x18\x06 \x01(\x01\x12\x17\n\x0flateness_p95_ms\x18\x07 \x01(\x01\x12\x15\n\rlast_arrivals\x18\x08 \x01(\x03\x12\x12\n\ncache_hits\x18\t \x01(\x03\x12\x14\n\x0c\x63\x61\x63he_misses\x18\n \x01(\x03\"\xb7\x01\n\x11HeartbeatResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12$\n\tjob_state\x18\x02 \x01(\x0e\x32\x11.hora.v1.JobState\x12\x10\n\x08lease_ms\x18\x03 \x01(\x03\x12\x0f\n\x07\x66\x61ilure\x18\x04 \x01(\t\x12\x19\n\x11host_update_epoch\x18\x05 \x01(\x03\x12\x15\n\rremovals_only\x18\x06 \x01(\x08\x12\x13\n\x0binterval_ms\x18\x07 \x01(\x03\"Q\n\x12ReportEventRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x15\n\x13ReportEventResponse\"#\n\x11ListEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"w\n\x08JobEvent\x12\x0f\n\x07unix_ms\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\"7\n\x12ListEventsResponse\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.hora.v1.JobEvent\"4\n\x0fGetWorldRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"7\n\x0eProcessSetSpec\x12\x16\n\x0eprocess_set_id\x18\x01 \x01(\x05\x12\r\n\x05ranks\x18\x02 \x03(\x05\"\xa2\x01\n\x0fReattachRequest\x12\"\n\x04join\x18\x01 \x01(\x0b\x32\x14.hora.v1.JoinRequest\x12!\n\x05world\x18\x02 \x01(\x0b\x32\x12.hora.v1.WorldView\x12-\n\x0cprocess_sets\x18\x03 \x03(\x0b\x32\x17.hora.v1.ProcessSetSpec\x12\x19\n\x11host_update_epoch\x18\x04 \x01(\x03\"$\n\x10ReattachResponse\x12\x10\n\x08restored\x18\x01 \x01(\x08*\x8c\x01\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMBER_STATE_JOINING\x10\x01\x12\x17\n\x13MEMBER_STATE_ACTIVE\x10\x02\x12\x15\n\x11MEMBER_STATE_LEFT\x10\x03\x12\x15\n\x11MEMBER_STATE_LOST\x10\x04*\x83\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_GATHERING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x16\n\x12JOB_STATE_FINISHED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x32\xcc\x03\n\nRendezvous\x12\x33\n\x04Join\x12\x14.hora.v1.JoinRequest\x1a\x15.hora.v1.JoinResponse\x12\x36\n\x05Leave\x12\x15.hora.v1.LeaveRequest\x1a\x16.hora.v1.LeaveResponse\x12\x42\n\tHeartbeat\x12\x19.hora.v1.HeartbeatRequest\x1a\x1a.hora.v1.HeartbeatResponse\x12;\n\x08GetWorld\x12\x18.hora.v1.GetWorldRequest\x1a\x15.hora.v1.JoinResponse\x12H\n\x0bReportEvent\x12\x1b.hora.v1.ReportEventRequest\x1a\x1c.hora.v1.ReportEventResponse\x12\x45\n\nListEvents\x12\x1a.hora.v1.ListEventsRequest\x1a\x1b.hora.v1.ListEventsResponse\x12?\n\x08Reattach\x12\x18.hora.v1.ReattachRequest\x1a\x19.hora.v1.ReattachResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ehora_proto/v1/rendezvous.proto\x12\x07hora.v1\"\xa6\x02\n\x0bJoinRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x15\n\rexpected_size\x18\x05 \x01(\x05\x12\x11\n\trank_hint\x18\x06 \x01(\x05\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x07 \x01(\t\x12\x1e\n\x16\x66usion_threshold_bytes\x18\x08 \x01(\x03\x12\x18\n\x10stall_warning_ms\x18\t \x01(\x03\x12\x19\n\x11stall_shutdown_ms\x18\n \x01(\x03\x12\x10\n\x08min_size\x18\x0b \x01(\x05\x12\x10\n\x08max_size\x18\x0c \x01(\x05\x12\x1a\n\x12\x65lastic_timeout_ms\x18\r \x01(\x03\"\xb9\x01\n\x06Member\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12#\n\x05state\x18\x05 \x01(\x0e\x32\x14.hora.v1.MemberState\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x06 \x01(\t\x12\x12\n\nlocal_rank\x18\x07 \x01(\x05\x12\x1e\n\x16last_heartbeat_unix_ms\x18\x08 \x01(\x03\"\x86\x02\n\tWorldView\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0c\n\x04size\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nlocal_rank\x18\x05 \x01(\x05\x12\x12\n\nlocal_size\x18\x06 \x01(\x05\x12\x12\n\ncross_rank\x18\x07 \x01(\x05\x12\x12\n\ncross_size\x18\x08 \x01(\x05\x12\x16\n\x0eis_homogeneous\x18\t \x01(\x08\x12 \n\x07members\x18\n \x03(\x0b\x32\x0f.hora.v1.Member\x12\x14\n\x0cstore_prefix\x18\x0b \x01(\t\x12\x19\n\x11host_update_epoch\x18\x0c \x01(\x03\"H\n\x0cJoinResponse\x12!\n\x05world\x18\x01 \x01(\x0b\x32\x12.hora.v1.WorldView\x12\x15\n\rworker_secret\x18\x02 \x01(\t\"Q\n\x0cLeaveRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06rejoin\x18\x04 \x01(\x08\"\x0f\n\rLeaveResponse\"t\n\x10HeartbeatRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12)\n\ttelemetry\x18\x04 \x01(\x0b\x32\x16.hora.v1.RankTelemetry\"\xdf\x01\n\rRankTelemetry\x12\r\n\x05steps\x18\x01 \x01(\x03\x12\x13\n\x0blast_step_s\x18\x02 \x01(\x01\x12\x13\n\x0bsteps_per_s\x18\x03 \x01(\x01\x12\x12\n\nbatch_size\x18\x04 \x01(\x03\x12\x0e\n\x06rounds\x18\x05 \x01(\x03\x12\x17\n\x0flateness_p50_ms\x18\x06 \x01(\x01\x12\x17\n\x0flateness_p95_ms\x18\x07 \x01(\x01\x12\x15\n\rlast_arrivals\x18\x08 \x01(\x03\x12\x12\n\ncache_hits\x18\t \x01(\x03\x12\x14\n\x0c\x63\x61\x63he_misses\x18\n \x01(\x03\"\xb7\x01\n\x11HeartbeatResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12$\n\tjob_state\x18\x02 \x01(\x0e\x32\x11.hora.v1.JobState\x12\x10\n\x08lease_ms\x18\x03 \x01(\x03\x12\x0f\n\x07\x66\x61ilure\x18\x04 \x01(\t\x12\x19\n\x11host_update_epoch\x18\x05 \x01(\x03\x12\x15\n\rremovals_only\x18\x06 \x01(\x08\x12\x13\n\x0binterval_ms\x18\x07 \x01(\x03\"Q\n\x12ReportEventRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x15\n\x13ReportEventResponse\"#\n\x11ListEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"w\n\x08JobEvent\x12\x0f\n\x07unix_ms\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\"7\n\x12ListEventsResponse\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.hora.v1.JobEvent\"4\n\x0fGetWorldRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"7\n\x0eProcessSetSpec\x12\x16\n\x0eprocess_set_id\x18\x01 \x01(\x05\x12\r\n\x05ranks\x18\x02 \x03(\x05\"\xa2\x01\n\x0fReattachRequest\x12\"\n\x04join\x18\x01 \x01(\x0b\x32\x14.hora.v1.JoinRequest\x12!\n\x05world\x18\x02 \x01(\x0b\x32\x12.hora.v1.WorldView\x12-\n\x0cprocess_sets\x18\x03 \x03(\x0b\x32\x17.hora.v1.ProcessSetSpec\x12\x19\n\x11host_update_epoch\x18\x04 \x01(\x03\"$\n\x10ReattachResponse\x12\x10\n\x08restored\x18\x01 \x01(\x08*\x8c\x01\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMBER_STATE_JOINING\x10\x01\x12\x17\n\x13MEMBER_STATE_ACTIVE\x10\x02\x12\x15\n\x11MEMBER_STATE_LEFT\x10\x03\x12\x15\n\x11MEMBER_STATE_LOST\x10\x04*\x83\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_GATHERING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x16\n\x12JOB_STATE_FINISHED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x32\xcc\x03\n\nRendezvous\x12\x33\n\x04Join\x12\x14.hora.v1.JoinRequest\x1a\x15.hora.v1.JoinResponse\x12\x36\n\x05Leave\x12\x15.hora.v1.LeaveRequest\x1a\x16.hora.v1.LeaveResponse\x12\x42\n\tHeartbeat\x12\x19.hora.v1.HeartbeatRequest\x1a\x1a.hora.v1.HeartbeatResponse\x12;\n\x08GetWorld\x12\x18.hora.v1.GetWorldRequest\x1a\x15.hora.v1.JoinResponse\x12H\n\x0bReportEvent\x12\x1b.hora.v1.ReportEventRequest\x1a\x1c.hora.v1.ReportEventResponse\x12\x45\n\nListEvents\x12\x1a.hora.v1.ListEventsRequest\x1a\x1b.hora.v1.ListEventsResponse\x12?\n\x08Reattach\x12\x18.hora.v1.ReattachRequest\x1a\x19.hora.v1.ReattachResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hora_proto.v1.rendezvous_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMBERSTATE']._serialized_start=2110
-  _globals['_MEMBERSTATE']._serialized_end=2250
-  _globals['_JOBSTATE']._serialized_start=2253
-  _globals['_JOBSTATE']._serialized_end=2384
+  _globals['_MEMBERSTATE']._serialized_start=2133
+  _globals['_MEMBERSTATE']._serialized_end=2273
+  _globals['_JOBSTATE']._serialized_start=2276
+  _globals['_JOBSTATE']._serialized_end=2407
   _globals['_JOINREQUEST']._serialized_start=44
   _globals['_JOINREQUEST']._serialized_end=338
   _globals['_MEMBER']._serialized_start=341
@@ -42,35 +42,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORLDVIEW']._serialized_start=529
   _globals['_WORLDVIEW']._serialized_end=791
   _globals['_JOINRESPONSE']._serialized_start=793
-  _globals['_JOINRESPONSE']._serialized_end=842
-  _globals['_LEAVEREQUEST']._serialized_start=844
-  _globals['_LEAVEREQUEST']._serialized_end=925
-  _globals['_LEAVERESPONSE']._serialized_start=927
-  _globals['_LEAVERESPONSE']._serialized_end=942
-  _globals['_HEARTBEATREQUEST']._serialized_start=944
-  _globals['_HEARTBEATREQUEST']._serialized_end=1060
-  _globals['_RANKTELEMETRY']._serialized_start=1063
-  _globals['_RANKTELEMETRY']._serialized_end=1286
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1289
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1472
-  _globals['_REPORTEVENTREQUEST']._serialized_start=1474
-  _globals['_REPORTEVENTREQUEST']._serialized_end=1555
-  _globals['_REPORTEVENTRESPONSE']._serialized_start=1557
-  _globals['_REPORTEVENTRESPONSE']._serialized_end=1578
-  _globals['_LISTEVENTSREQUEST']._serialized_start=1580
-  _globals['_LISTEVENTSREQUEST']._serialized_end=1615
-  _globals['_JOBEVENT']._serialized_start=1617
-  _globals['_JOBEVENT']._serialized_end=1736
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=1738
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=1793
-  _globals['_GETWORLDREQUEST']._serialized_start=1795
-  _globals['_GETWORLDREQUEST']._serialized_end=1847
-  _globals['_PROCESSSETSPEC']._serialized_start=1849
-  _globals['_PROCESSSETSPEC']._serialized_end=1904
-  _globals['_REATTACHREQUEST']._serialized_start=1907
-  _globals['_REATTACHREQUEST']._serialized_end=2069
-  _globals['_REATTACHRESPONSE']._serialized_start=2071
-  _globals['_REATTACHRESPONSE']._serialized_end=2107
-  _globals['_RENDEZVOUS']._serialized_start=2387
-  _globals['_RENDEZVOUS']._serialized_end=2847
+  _globals['_JOINRESPONSE']._serialized_end=865
+  _globals['_LEAVEREQUEST']._serialized_start=867
+  _globals['_LEAVEREQUEST']._serialized_end=948
+  _globals['_LEAVERESPONSE']._serialized_start=950
+  _globals['_LEAVERESPONSE']._serialized_end=965
+  _globals['_HEARTBEATREQUEST']._serialized_start=967
+  _globals['_HEARTBEATREQUEST']._serialized_end=1083
+  _globals['_RANKTELEMETRY']._serialized_start=1086
+  _globals['_RANKTELEMETRY']._serialized_end=1309
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1312
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1495
+  _globals['_REPORTEVENTREQUEST']._serialized_start=1497
+  _globals['_REPORTEVENTREQUEST']._serialized_end=1578
+  _globals['_REPORTEVENTRESPONSE']._serialized_start=1580
+  _globals['_REPORTEVENTRESPONSE']._serialized_end=1601
+  _globals['_LISTEVENTSREQUEST']._serialized_start=1603
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1638
+  _globals['_JOBEVENT']._serialized_start=1640
+  _globals['_JOBEVENT']._serialized_end=1759
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1761
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1816
+  _globals['_GETWORLDREQUEST']._serialized_start=1818
+  _globals['_GETWORLDREQUEST']._serialized_end=1870
+  _globals['_PROCESSSETSPEC']._serialized_start=1872
+  _globals['_PROCESSSETSPEC']._serialized_end=1927
+  _globals['_REATTACHREQUEST']._serialized_start=1930
+  _globals['_REATTACHREQUEST']._serialized_end=2092
+  _globals['_REATTACHRESPONSE']._serialized_start=2094
+  _globals['_REATTACHRESPONSE']._serialized_end=2130
+  _globals['_RENDEZVOUS']._serialized_start=2410
+  _globals['_RENDEZVOUS']._serialized_end=2870
 # @@protoc_insertion_point(module_scope)

@@ -112,10 +112,12 @@ class WorldView(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., size: _Optional[int] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ..., cross_rank: _Optional[int] = ..., cross_size: _Optional[int] = ..., is_homogeneous: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., store_prefix: _Optional[str] = ..., host_update_epoch: _Optional[int] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("world",)
+    __slots__ = ("world", "worker_secret")
     WORLD_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SECRET_FIELD_NUMBER: _ClassVar[int]
     world: WorldView
-    def __init__(self, world: _Optional[_Union[WorldView, _Mapping]] = ...) -> None: ...
+    worker_secret: str
+    def __init__(self, world: _Optional[_Union[WorldView, _Mapping]] = ..., worker_secret: _Optional[str] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("job_id", "worker_id", "reason", "rejoin")
