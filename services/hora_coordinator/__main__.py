@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from .connections import raise_open_file_limit
 from .server import ServingInfo, serve
 from .settings import parse_command_line
 from .tokens import TokenFileError, TokenSource, connect_help, resolve_token
@@ -91,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         await serve(settings, ready, stop)
 
+    # Headroom for connections (the caps in .connections bound them, not this).
+    raise_open_file_limit()
     try:
         asyncio.run(run())
     except RuntimeError as exc:
