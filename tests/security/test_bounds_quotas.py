@@ -114,7 +114,9 @@ def test_stream_that_never_reads_is_dropped(coordinator_factory):
         before = rss_bytes(coord.pid)
         code = asyncio.run(_flood_unread_stream(coord.grpc_address, coord.token, job,
                                                 view.generation, 40_000))
-        assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Ended by the coordinator (RESOURCE_EXHAUSTED, or INTERNAL when gRPC core
+        # cancels the write the client never took), long before the call's deadline.
+        assert code not in (grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED)
         assert "reads nothing of its negotiation stream" in coord.log()
         grown = rss_bytes(coord.pid) - before
         print(f"RSS grew {grown / 2**20:.1f} MiB under 40k unread heartbeat answers")
@@ -132,19 +134,23 @@ def _get(port: int, path: str, host: str | None = None) -> http.client.HTTPRespo
 
 def test_live_streams_are_capped(coordinator_factory):
     coord = coordinator_factory("--max-live-streams", "2")
-    held = [_get(coord.http_port, "/api/v1/live") for _ in range(2)]
+    conns = [http.client.HTTPConnection("127.0.0.1", coord.http_port, timeout=10)
+             for _ in range(2)]
     try:
-        assert [r.status for r in held] == [200, 200]
-        assert held[0].fp.readline().startswith(b"event: jobs")
+        for conn in conns:
+            conn.request("GET", "/api/v1/live")
+            response = conn.getresponse()
+            assert response.status == 200
+            assert response.readline().startswith(b"event: jobs")
         assert _get(coord.http_port, "/api/v1/live").status == 503
-        held.pop().close()
+        conns.pop().close()
         deadline = time.monotonic() + 10
         while (status := _get(coord.http_port, "/api/v1/live").status) != 200:
             assert status == 503 and time.monotonic() < deadline
             time.sleep(0.2)
     finally:
-        for r in held:
-            r.close()
+        for conn in conns:
+            conn.close()
 
 
 def test_state_dir_and_journal_are_private(coordinator_factory, tmp_path):
