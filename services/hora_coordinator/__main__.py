@@ -19,10 +19,15 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .connections import raise_open_file_limit
-from .server import ServingInfo, serve
-from .settings import parse_command_line
-from .tokens import TokenFileError, TokenSource, connect_help, resolve_token
+# gRPC core logs every failed TLS handshake at INFO, which absl prints when
+# GRPC_VERBOSITY is unset: one line per stranger's connection (issue 25). Its
+# errors still show; set GRPC_VERBOSITY to see more. Read when gRPC starts.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from .connections import raise_open_file_limit  # noqa: E402
+from .server import ServingInfo, serve  # noqa: E402
+from .settings import parse_command_line  # noqa: E402
+from .tokens import TokenFileError, TokenSource, connect_help, resolve_token  # noqa: E402
 
 __all__ = ["main", "write_ready_file"]
 

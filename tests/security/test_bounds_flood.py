@@ -15,8 +15,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.coordinator import CoordinatorProcess
-from support.flood import HALF_GRPC, HALF_HTTP, half_header_flood, healthz_within, rss_bytes
+from support.flood import (
+    HALF_GRPC,
+    HALF_HTTP,
+    half_header_flood,
+    healthz_within,
+    rss_bytes,
+    send_garbage,
+)
 
+from hora.runner.tls import make_job_certificates
 from hora_proto.v1 import store_pb2, store_pb2_grpc
 
 pytestmark = pytest.mark.multiprocess
@@ -40,6 +48,7 @@ def limited():
 def test_half_header_flood_leaves_healthz_answering_and_the_log_small(limited):
     healthz_within(limited.http_url, _HEALTHZ_DEADLINE_S)
     log_before = os.path.getsize(limited.log_file)
+    send_garbage(("127.0.0.1", limited.http_port), 200)  # uvicorn's line per bad request
     targets = [("127.0.0.1", limited.http_port, HALF_HTTP),
                ("127.0.0.1", limited.grpc_port, HALF_GRPC)]
     with half_header_flood(targets, _FLOOD):
@@ -92,3 +101,16 @@ def test_refused_call_flood_leaves_rss_within_bound(limited):
           f"rounds took {[f'{t:.1f}' for t, _ in rounds]} s")
     assert after - baseline < RSS_GROWTH_BOUND
     healthz_within(limited.http_url, _HEALTHZ_DEADLINE_S)
+
+
+def test_garbage_on_the_tls_ports_logs_a_few_lines(coordinator_factory, tmp_path):
+    certs = make_job_certificates(["127.0.0.1"], directory=tmp_path / "tls")
+    coord = coordinator_factory("--tls-cert", str(certs.cert_file),
+                                "--tls-key", str(certs.key_file))
+    before = os.path.getsize(coord.log_file)
+    for port in (coord.grpc_port, coord.http_port):
+        send_garbage(("127.0.0.1", port), 200)
+    time.sleep(1)
+    grown = os.path.getsize(coord.log_file) - before
+    print(f"log grew {grown} bytes for 400 garbage connections")
+    assert grown < 2_000, coord.log()[-3000:]

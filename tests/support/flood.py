@@ -13,7 +13,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["HALF_GRPC", "HALF_HTTP", "half_header_flood", "healthz_within", "rss_bytes"]
+__all__ = ["HALF_GRPC", "HALF_HTTP", "half_header_flood", "healthz_within", "rss_bytes",
+           "send_garbage"]
 
 # A request head without its blank line: the server waits for the rest.
 HALF_HTTP = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
@@ -76,3 +77,13 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def send_garbage(address: tuple[str, int], count: int) -> None:
+    """``count`` connections that each send bytes no protocol accepts, read what
+    comes back (briefly) and close."""
+    for _ in range(count):
+        with socket.create_connection(address, timeout=2) as s:
+            s.sendall(b"\x16GARBAGE\r\n\r\n" * 8)
+            with contextlib.suppress(OSError):
+                s.recv(256)
