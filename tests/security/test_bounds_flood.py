@@ -114,3 +114,19 @@ def test_garbage_on_the_tls_ports_logs_a_few_lines(coordinator_factory, tmp_path
     grown = os.path.getsize(coord.log_file) - before
     print(f"log grew {grown} bytes for 400 garbage connections")
     assert grown < 2_000, coord.log()[-3000:]
+
+
+def test_out_of_descriptors_pauses_accepting_without_flooding_the_log(coordinator_factory):
+    # Caps above the file limit on purpose: the listener itself meets EMFILE.
+    coord = coordinator_factory("--max-http-connections", "5000",
+                                "--max-http-connections-per-address", "5000",
+                                "--header-timeout-s", "30", command_prefix=_LIMIT)
+    before = os.path.getsize(coord.log_file)
+    with half_header_flood([("127.0.0.1", coord.http_port, HALF_HTTP)], _FLOOD):
+        time.sleep(3)  # the listener at EMFILE: paused, not spinning or logging
+        assert coord.running()
+    healthz_within(coord.http_url, 15.0)
+    grown = os.path.getsize(coord.log_file) - before
+    print(f"log grew {grown} bytes while out of descriptors")
+    assert "HTTP accept failed" in coord.log()
+    assert grown < 20_000, coord.log()[-5000:]
