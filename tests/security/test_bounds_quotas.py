@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.flood import rss_bytes
 
 from hora_proto.v1 import (
@@ -196,3 +197,18 @@ def test_loopback_api_checks_host_and_serves_no_cdn_docs(coordinator_factory):
     assert _get(port, "/docs").status == 404
     assert _get(port, "/redoc").status == 404
     assert _get(port, "/openapi.json").status == 200
+
+
+def test_idle_grpc_connections_are_closed(coordinator_factory):
+    coord = coordinator_factory("--grpc-idle-timeout-s", "1")
+    with grpc.insecure_channel(coord.grpc_address) as channel:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        ready = grpc.ChannelConnectivity.READY.value[0]
+        assert channel._channel.check_connectivity_state(False) == ready
+        deadline = time.monotonic() + 15
+        # The coordinator's GOAWAY takes the connection down; the channel goes idle.
+        while channel._channel.check_connectivity_state(False) == ready:
+            assert time.monotonic() < deadline, "the idle connection stayed open"
+            time.sleep(0.2)
+        # and reconnects by itself on the next call
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
