@@ -86,7 +86,10 @@ def test_full_job_table_forgets_the_first_ended_job(coordinator_factory):
 async def _flood_unread_stream(address: str, token: str, job: str, generation: int,
                                heartbeats: int) -> grpc.StatusCode:
     metadata = (("hora-token", token),)
-    async with grpc.aio.insecure_channel(address) as channel:
+    # A fixed 64 KiB receive window: with BDP probing the client's window grows to
+    # megabytes and takes every answer in, and the coordinator never sees it lag.
+    async with grpc.aio.insecure_channel(address, options=[("grpc.http2.bdp_probe", 0)]
+                                         ) as channel:
         stub = negotiation_pb2_grpc.NegotiationStub(channel)
         call = stub.Negotiate(metadata=metadata, timeout=60)
         await call.write(negotiation_pb2.WorkerMessage(open=negotiation_pb2.StreamOpen(
@@ -95,6 +98,7 @@ async def _flood_unread_stream(address: str, token: str, job: str, generation: i
             for i in range(heartbeats):
                 await call.write(negotiation_pb2.WorkerMessage(
                     heartbeat=negotiation_pb2.StreamHeartbeat(sequence=i)))
+            await call.done_writing()  # a stream the coordinator kept then ends with OK
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             pass  # dropped while still sending
         # Only now read: what was delivered, then the end the coordinator gave it.
