@@ -41,7 +41,7 @@ from .messages import (
 )
 from .negotiation import SetCallKind
 from .notices import DepartureNotices, is_departure
-from .outbox import STREAM_END, Outbox
+from .outbox import STREAM_END, Outbox, outbox_counts
 from .settings import CoordinatorSettings
 from .store import KeyValueStore
 
@@ -493,11 +493,7 @@ class Coordinator:
 
     def outbox_counts(self) -> dict[str, tuple[int, int]]:
         """By job: the outboxes held for its members, and the messages waiting in them."""
-        counts: dict[str, tuple[int, int]] = {}
-        for (job_id, _), box in self._outboxes.items():
-            boxes, queued = counts.get(job_id, (0, 0))
-            counts[job_id] = (boxes + 1, queued + box.qsize())
-        return counts
+        return outbox_counts(self._outboxes)
 
     def _forget_if_abandoned(self, job: state.Job) -> None:
         """Drops a job whose first world never formed and that nobody waits to join.
@@ -532,15 +528,12 @@ class Coordinator:
                     self.settings.job_retention.total_seconds())
 
     def _forget_first_ended(self) -> bool:
-        """Makes room for a new job, when the table is full, by forgetting the job
-        that ended first (before its retention: only running jobs hold the table);
-        whether there was one."""
-        if not self._ended_since:
-            return False
-        job_id = min(self._ended_since, key=self._ended_since.__getitem__)
-        self._forget(job_id)
-        logger.info("job %s ended; forgotten early to make room (max_jobs)", job_id)
-        return True
+        """Forgets the job that ended first, before its retention, to make room; whether any."""
+        first = min(self._ended_since, key=self._ended_since.__getitem__, default=None)
+        if first is not None:
+            self._forget(first)
+            logger.info("job %s ended; forgotten early to make room (max_jobs)", first)
+        return first is not None
 
     def _forget(self, job_id: str) -> None:
         """Drops the job and everything held for it: store, notices, outboxes, counts."""
