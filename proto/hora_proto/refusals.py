@@ -38,19 +38,26 @@ class RefusalLog:
 
     def refused(self, kind: Hashable, text: str) -> None:
         """Logs ``text`` unless a line of ``kind`` went out less than the interval ago."""
+        left_out = self.admit(kind)
+        if left_out is None:
+            return
+        if left_out:
+            text += f" ({left_out} more like it since the last such line)"
+        self._logger.warning("%s", text)
+
+    def admit(self, kind: Hashable) -> int | None:
+        """Whether a line of ``kind`` may go out now: None if not (it is counted),
+        else how many were left out since the last one (the caller writes the line)."""
         with self._lock:
             now = self._clock()
             last = self._last.get(kind)
             if last is not None and now - last < self._interval_s:
                 self._left_out[kind] = self._left_out.get(kind, 0) + 1
-                return
+                return None
             if len(self._last) >= MAX_KINDS:
                 self._forget_quiet(now)
             self._last[kind] = now
-            left_out = self._left_out.pop(kind, 0)
-        if left_out:
-            text += f" ({left_out} more like it since the last such line)"
-        self._logger.warning("%s", text)
+            return self._left_out.pop(kind, 0)
 
     def __len__(self) -> int:
         """Kinds remembered now (bounded by MAX_KINDS)."""

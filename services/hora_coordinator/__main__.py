@@ -19,11 +19,17 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from hora_proto.auth import job_token
+# gRPC core logs every failed TLS handshake at INFO, which absl prints when
+# GRPC_VERBOSITY is unset: one line per stranger's connection (issue 25). Its
+# errors still show; set GRPC_VERBOSITY to see more. Read when gRPC starts.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from .server import ServingInfo, serve
-from .settings import CommandLine, parse_command_line
-from .tokens import (
+from hora_proto.auth import job_token  # noqa: E402
+
+from .connections import raise_open_file_limit  # noqa: E402
+from .server import ServingInfo, serve  # noqa: E402
+from .settings import CommandLine, parse_command_line  # noqa: E402
+from .tokens import (  # noqa: E402
     TokenFileError,
     TokenSource,
     WeakTokenError,
@@ -123,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         await serve(settings, ready, stop)
 
+    # Headroom for connections (the caps in .connections bound them, not this).
+    raise_open_file_limit()
     try:
         asyncio.run(run())
     except RuntimeError as exc:

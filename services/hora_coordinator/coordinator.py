@@ -41,6 +41,7 @@ from .messages import (
 )
 from .negotiation import SetCallKind
 from .notices import DepartureNotices, is_departure
+from .outbox import STREAM_END, Outbox, outbox_counts
 from .settings import CoordinatorSettings
 from .store import KeyValueStore
 
@@ -54,8 +55,6 @@ REATTACH_WINDOW_S = 10.0
 #: How often running jobs are sampled for their series (seconds).
 SAMPLE_INTERVAL_S = 1.0
 # Put on an outbox to end the stream that drains it.
-STREAM_END = None
-Outbox = asyncio.Queue  # of npb.CoordinatorMessage | None
 
 _E = TypeVar("_E", bound=Exception)
 
@@ -76,8 +75,7 @@ class Coordinator:
         clock: Callable[[], float] = time.time,
         journal: Journal = NO_JOURNAL,
     ) -> None:
-        self.settings = settings
-        self.clock = clock
+        self.settings, self.clock, self._box_limit = settings, clock, settings.max_stream_queue
         self.journal = journal
         # By job: what the journal last saw of it (see _persist).
         self._journaled: dict[str, _Fingerprint] = {}
@@ -181,7 +179,8 @@ class Coordinator:
             self.settings.max_store_value_bytes,
             on_change=None if journal is NO_JOURNAL
             else lambda key, value: journal.store_write(job_id, key, value),
-            data=data,
+            data=data, max_keys=self.settings.max_store_keys_per_job,
+            max_bytes=self.settings.max_store_bytes_per_job,
         )
 
     def store(self, job_id: str) -> KeyValueStore:
@@ -202,7 +201,7 @@ class Coordinator:
         if job is None:
             if not request.job_id:
                 raise InvalidRequestError("job_id must not be empty")
-            if len(self.jobs) >= self.settings.max_jobs:
+            if len(self.jobs) >= self.settings.max_jobs and not self._forget_first_ended():
                 raise ResourceExhaustedError(
                     f"this coordinator holds {len(self.jobs)} jobs, its limit (max_jobs); "
                     f"job '{request.job_id}' cannot start until one is forgotten"
@@ -257,7 +256,7 @@ class Coordinator:
                     f"a world of {len(request.members)} is above this coordinator's limit of "
                     f"{self.settings.max_members_per_job} members per job"
                 )
-            if len(self.jobs) >= self.settings.max_jobs:
+            if len(self.jobs) >= self.settings.max_jobs and not self._forget_first_ended():
                 raise ResourceExhaustedError(
                     f"this coordinator holds {len(self.jobs)} jobs, its limit (max_jobs); "
                     f"job '{shown_id(request.join.job_id)}' cannot be restored"
@@ -274,7 +273,7 @@ class Coordinator:
                 shown_id(job.job_id), job.generation, request.join.worker_id,
                 self._reattach_window_s(job))
         # A stream of the generation may open again: its outbox is fresh.
-        self._outboxes.setdefault((job.job_id, request.join.worker_id), asyncio.Queue())
+        self._outboxes.setdefault((job.job_id, request.join.worker_id), Outbox(self._box_limit))
         self.apply(job, effects)
         return restored
 
@@ -345,7 +344,7 @@ class Coordinator:
                 f"worker {worker_id} already has a negotiation stream for "
                 f"job '{job_id}' generation {generation}"
             )
-        outbox = self._outboxes.setdefault((job_id, worker_id), asyncio.Queue())
+        outbox = self._outboxes.setdefault((job_id, worker_id), Outbox(self._box_limit))
         self._open_streams[stream_key] = outbox
         return outbox
 
@@ -494,11 +493,7 @@ class Coordinator:
 
     def outbox_counts(self) -> dict[str, tuple[int, int]]:
         """By job: the outboxes held for its members, and the messages waiting in them."""
-        counts: dict[str, tuple[int, int]] = {}
-        for (job_id, _), box in self._outboxes.items():
-            boxes, queued = counts.get(job_id, (0, 0))
-            counts[job_id] = (boxes + 1, queued + box.qsize())
-        return counts
+        return outbox_counts(self._outboxes)
 
     def _forget_if_abandoned(self, job: state.Job) -> None:
         """Drops a job whose first world never formed and that nobody waits to join.
@@ -531,6 +526,14 @@ class Coordinator:
         self._forget(job_id)
         logger.info("job %s %s; forgotten after %g s", job_id, job.phase.value,
                     self.settings.job_retention.total_seconds())
+
+    def _forget_first_ended(self) -> bool:
+        """Forgets the job that ended first, before its retention, to make room; whether any."""
+        first = min(self._ended_since, key=self._ended_since.__getitem__, default=None)
+        if first is not None:
+            self._forget(first)
+            logger.info("job %s ended; forgotten early to make room (max_jobs)", first)
+        return first is not None
 
     def _forget(self, job_id: str) -> None:
         """Drops the job and everything held for it: store, notices, outboxes, counts."""
@@ -652,7 +655,7 @@ class Coordinator:
             elif isinstance(effect, state.NewGeneration):
                 # Fresh outboxes: a stream of the old generation keeps (and drains) its own.
                 for worker_id in effect.worker_ids:
-                    self._outboxes[(job.job_id, worker_id)] = asyncio.Queue()
+                    self._outboxes[(job.job_id, worker_id)] = Outbox(self._box_limit)
             elif isinstance(effect, state.Log):
                 logger.log(effect.level, effect.message)
         self._persist(job)

@@ -35,6 +35,7 @@ from .http_common import (
     render_events,
     render_summaries,
 )
+from .http_guard import LoopbackHostGuard
 from .http_telemetry import live_router, telemetry_router
 from .rest_auth import SCOPE_JOB_KEY, TokenGuard, is_loopback
 
@@ -120,12 +121,17 @@ async def list_events(job_id: str, coordinator: CoordinatorDep, render: Renderer
 
 def create_app(coordinator: Coordinator) -> FastAPI:
     """The HTTP app serving ``coordinator``'s state; off loopback it wants the
-    job token on every path but the health probes (:mod:`.rest_auth`)."""
-    app = FastAPI(title="hora coordinator", version="1")
+    job token on every path but the health probes (:mod:`.rest_auth`), on
+    loopback a loopback ``Host`` (:mod:`.http_guard`)."""
+    # No /docs nor /redoc: they load Swagger UI from a CDN (issue 25); the schema
+    # stays at /openapi.json for tools that render it themselves.
+    app = FastAPI(title="hora coordinator", version="1", docs_url=None, redoc_url=None)
     settings = coordinator.settings
     if not is_loopback(settings.host):
         app.add_middleware(TokenGuard, token=settings.token, secure_cookie=settings.tls,
                            limiter=GuessLimiter(settings.guess_burst, settings.guess_rate))
+    else:
+        app.add_middleware(LoopbackHostGuard)
     app.state.coordinator = coordinator
     app.state.renderer = Renderer()
     app.include_router(health_router)

@@ -30,6 +30,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field, TypeAdapter
+from starlette.background import BackgroundTask
 
 from . import state
 from .coordinator import Coordinator
@@ -48,6 +49,7 @@ from .http_common import (
     render_summaries,
     sliced,
 )
+from .http_live import LiveSlot, live_streams
 
 __all__ = [
     "LIVE_TICK_S",
@@ -352,26 +354,33 @@ def _sse(event: str, body: bytes) -> bytes:
 
 
 async def _stream(request: Request, coordinator: Coordinator,
-                  next_message: Callable[[], Any]) -> AsyncIterator[bytes]:
+                  next_message: Callable[[], Any], slot: LiveSlot) -> AsyncIterator[bytes]:
     """Yields ``next_message()``'s bytes whenever they change, while the coordinator
     serves and the client listens; a comment line when idle for a while."""
     loop = asyncio.get_running_loop()
     last: bytes | None = None
     sent_at = loop.time()
-    while coordinator.serving and not await request.is_disconnected():
-        message = await next_message()
-        if message is not None and message != last:  # heartbeat ages change: most do
-            last = message
-            sent_at = loop.time()
-            yield message
-        elif loop.time() - sent_at > _KEEPALIVE_S:
-            sent_at = loop.time()
-            yield b": keepalive\n\n"
-        await asyncio.sleep(LIVE_TICK_S)
+    try:
+        while coordinator.serving and not await request.is_disconnected():
+            message = await next_message()
+            if message is not None and message != last:  # heartbeat ages change: most do
+                last = message
+                sent_at = loop.time()
+                yield message
+            elif loop.time() - sent_at > _KEEPALIVE_S:
+                sent_at = loop.time()
+                yield b": keepalive\n\n"
+            await asyncio.sleep(LIVE_TICK_S)
+    finally:
+        slot.release()
 
 
-def _streaming(messages: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(messages, media_type=_EVENT_STREAM,
+def _streaming(request: Request, coordinator: Coordinator,
+               next_message: Callable[[], Any]) -> StreamingResponse:
+    """A live stream, if one more fits under ``max_live_streams`` (503 otherwise)."""
+    slot = live_streams(request).open(coordinator.settings.max_live_streams)
+    return StreamingResponse(_stream(request, coordinator, next_message, slot),
+                             media_type=_EVENT_STREAM, background=BackgroundTask(slot.release),
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
@@ -392,7 +401,9 @@ async def live_jobs(request: Request, coordinator: CoordinatorDep, render: Rende
         rows, _total = await list_job_rows(coordinator, offset, limit)
         return _sse("jobs", await render(render_summaries, rows))
 
-    return _streaming(_stream(request, coordinator, jobs))
+    # One computation per tick for every stream of the same page.
+    shared = live_streams(request)
+    return _streaming(request, coordinator, lambda: shared.tick(("jobs", offset, limit), jobs, LIVE_TICK_S))
 
 
 class _JobFeed:
@@ -433,4 +444,4 @@ async def live_job(job_id: str, request: Request, coordinator: CoordinatorDep,
                    render: RendererDep) -> StreamingResponse:
     """The job, its telemetry and new events, sent whenever something changed."""
     job_or_404(coordinator, job_id)
-    return _streaming(_stream(request, coordinator, _JobFeed(coordinator, render, job_id)))
+    return _streaming(request, coordinator, _JobFeed(coordinator, render, job_id))

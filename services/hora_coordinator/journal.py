@@ -18,10 +18,13 @@ is for; a power cut may lose the newest commits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -114,8 +117,9 @@ class SqliteJournal:
     """
 
     def __init__(self, state_dir: Path) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(state_dir)
         self.path = state_dir / "coordinator.db"
+        private_files(self.path)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -236,6 +240,35 @@ def job_from_record(record: dict[str, Any], now: float,
         for set_id, ranks in sorted(record["process_sets"].items(), key=lambda i: int(i[0])):
             job.table.add_process_set(int(set_id), ranks)
     return job
+
+
+def private_dir(path: Path) -> None:
+    """Makes ``path`` (and its missing parents) mode 0700, or narrows it to 0700.
+
+    The journal holds hosts, ports and shared-memory prefixes: nobody else reads it.
+
+    Raises:
+        PermissionError: it exists, belongs to another user and lets others in.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        if path.stat().st_uid != os.geteuid():
+            raise PermissionError(
+                f"--state-dir {path} has mode {mode:04o} and belongs to another user: "
+                "others could read the journal; give a directory of your own")
+        os.chmod(path, 0o700)
+        logger.warning("hora-coordinator: --state-dir %s had mode %04o; now 0700", path, mode)
+
+
+def private_files(db: Path) -> None:
+    """Creates the database ``db`` mode 0600 (SQLite gives its WAL and shared-memory
+    files the same), and narrows existing ones to 0600."""
+    os.close(os.open(db, os.O_CREAT | os.O_RDWR, 0o600))
+    for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_IMODE(path.stat().st_mode) & 0o077:
+                os.chmod(path, 0o600)
 
 
 def open_journal(state_dir: Path | None) -> Journal:

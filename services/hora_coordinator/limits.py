@@ -14,14 +14,46 @@ from .messages import ErrorKind, JoinRequest, Response, ResponseType, TensorRequ
 from .settings import CoordinatorSettings
 from .state import Job
 
-__all__ = ["check_event_limits", "check_join_limits", "shown_id", "split_long_tensor_names"]
+__all__ = [
+    "check_event_limits",
+    "check_join_limits",
+    "check_printable_ids",
+    "shown_id",
+    "split_long_tensor_names",
+]
+
+# Fields of a unary request that name a job or a worker (checked for every call).
+_ID_FIELDS = ("job_id", "worker_id")
+
+
+def _check_printable(what: str, value: str) -> None:
+    # Ids go into log lines and error messages: a newline in one forged a log line.
+    if not value.isprintable():
+        escaped = value[:64].encode("unicode_escape").decode("ascii")
+        raise InvalidRequestError(
+            f"{what} '{escaped}' holds a character that is not printable (a newline, a "
+            "control character); ids must be printable"
+        )
+
+
+def check_printable_ids(request: object) -> None:
+    """Refuses a request whose ``job_id`` or ``worker_id`` is not printable.
+
+    Raises:
+        InvalidRequestError: one of them holds a newline or another control character.
+    """
+    for field in _ID_FIELDS:
+        value = getattr(request, field, None)
+        if isinstance(value, str):
+            _check_printable(field, value)
+
 
 def check_join_limits(limits: CoordinatorSettings, job: Job | None, request: JoinRequest) -> None:
     """Refuses a Join past the size limits; ``job`` is the job it names, if it exists.
 
     Raises:
-        InvalidRequestError: an id, the host or the data plane address is too long,
-            or a size above the members per job.
+        InvalidRequestError: an id, the host or the data plane address is too long
+            or not printable, or a size above the members per job.
         ResourceExhaustedError: the job's round already holds the most joiners.
     """
     job_id = shown_id(request.job_id)
@@ -29,6 +61,7 @@ def check_join_limits(limits: CoordinatorSettings, job: Job | None, request: Joi
     for what, value in (("job_id", request.job_id), ("worker_id", request.worker_id),
                         ("host", request.host),
                         ("data_plane_address", request.data_plane_address)):
+        _check_printable(what, value)
         if len(value) > limits.max_id_length:
             raise InvalidRequestError(
                 f"{what} of {len(value)} characters is longer than the limit of "

@@ -24,8 +24,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hora_proto.refusals import RefusalLog
 
 from .auth import TokenAuthInterceptor
+from .connections import (
+    ConnectionGate,
+    GatedH11Protocol,
+    GatedListener,
+    grpc_connection_options,
+    rate_limited_loggers,
+)
 from .coordinator import Coordinator
 from .guessing import GuessLimiter
+from .gctame import tame_gc
 from .http import create_app
 from .journal import open_journal
 from .servicer import add_servicers
@@ -113,6 +121,8 @@ def create_grpc_server(
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ("grpc.server.max_pending_requests", pending),
             ("grpc.server.max_pending_requests_hard_limit", pending),
+            # Connections in total, the handshake deadline, idle ones closed (issue 25).
+            *grpc_connection_options(settings),
         ],
     )
     add_servicers(server, coordinator)
@@ -133,41 +143,40 @@ def create_grpc_server(
     return server, port
 
 
-# How often the heap is frozen, and how often it is thawed for one full collection.
-_GC_FREEZE_S = 0.25
-_GC_FULL_S = 600.0
-
-
-async def _tame_gc() -> None:
-    """Keeps CPython's full collections off the serving path.
-
-    Each open stream holds about a hundred objects the cyclic GC tracks (grpc.aio's
-    call state, tasks, futures): at 10,000 members that is about a million, and
-    every full collection stalled the event loop for about a second, twenty-six
-    times a minute (bench/README.md). Objects that live past a quarter of a second are frozen
-    (``gc.freeze``: the GC no longer scans them; reference counting still frees
-    them), so young collections stay cheap and full ones find little to scan.
-    Cyclic garbage among frozen objects waits for the full collection every ten
-    minutes; the stall detector forgives that one pause.
-    """
-    loop = asyncio.get_running_loop()
-    last_full = loop.time()
-    while True:
-        await asyncio.sleep(_GC_FREEZE_S)
-        if loop.time() - last_full > _GC_FULL_S:
-            gc.unfreeze()
-            started = loop.time()
-            gc.collect()
-            last_full = loop.time()
-            logger.info("hora-coordinator: full garbage collection took %.2f s",
-                        last_full - started)
-        gc.freeze()
-
-
 class _UvicornServer(uvicorn.Server):
+    """uvicorn, accepting through :class:`~.connections.GatedListener`: capped
+    connections, late request heads closed."""
+
+    def __init__(self, config: uvicorn.Config, settings: CoordinatorSettings,
+                 refusals: RefusalLog) -> None:
+        super().__init__(config)
+        self._gate = ConnectionGate(settings.max_http_connections,
+                                    settings.max_http_connections_per_address)
+        self._header_timeout_s = settings.header_timeout.total_seconds()
+        self._refusals = refusals
+
     # The caller owns signals; uvicorn must neither catch nor re-raise them.
     def capture_signals(self):
         return contextlib.nullcontext()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        config = self.config
+
+        def protocol(ticket: object) -> GatedH11Protocol:
+            made = GatedH11Protocol(config=config, server_state=self.server_state,
+                                    app_state=self.lifespan.state)
+            made.ticket = ticket  # type: ignore[assignment]
+            made.header_timeout_s = self._header_timeout_s
+            return made
+
+        listeners = []
+        for sock in sockets or ():
+            listener = GatedListener(sock, protocol, config.ssl, self._gate, self._refusals,
+                                     self._header_timeout_s)
+            listener.start(config.backlog)
+            listeners.append(listener)
+        self.servers = listeners  # type: ignore[assignment]
+        self.started = True
 
 
 async def _set_health(server: grpc.aio.Server, serving: bool) -> None:
@@ -217,19 +226,26 @@ async def serve(
         ) from exc
     http_port = sock.getsockname()[1]
     app = create_app(coordinator)
+    refusals = RefusalLog(settings.refusal_log_interval.total_seconds(), logger)
     http = _UvicornServer(
         uvicorn.Config(
             app,
+            http=GatedH11Protocol,
             lifespan="off",
             log_config=None,
             log_level="warning",
             access_log=False,
             ssl_certfile=None if tls is None else tls.cert_file,
             ssl_keyfile=None if tls is None else tls.key_file,
-        )
+            timeout_keep_alive=5,
+        ),
+        settings,
+        refusals,
     )
     await grpc_server.start()
     http_task = asyncio.create_task(http.serve(sockets=[sock]))
+    quiet = contextlib.ExitStack()
+    quiet.enter_context(rate_limited_loggers(refusals))
     checks: asyncio.Task[None] | None = None
     backlog: asyncio.Task[None] | None = None
     gc_task: asyncio.Task[None] | None = None
@@ -244,7 +260,7 @@ async def serve(
         checks = asyncio.create_task(coordinator.run_checks())
         self_check = grpc.aio.insecure_channel(grpc_server.self_check_address)
         health_stub = health_pb2_grpc.HealthStub(self_check)
-        gc_task = asyncio.create_task(_tame_gc())
+        gc_task = asyncio.create_task(tame_gc())
         backlog = asyncio.create_task(coordinator.measure_backlog(
             lambda: health_stub.Check(health_pb2.HealthCheckRequest(), timeout=60)))
         info = ServingInfo(
@@ -274,6 +290,7 @@ async def serve(
         sock.close()
         app.state.renderer.close()
         journal.close()
+        quiet.close()
         logger.info("hora-coordinator: stopped")
 
 

@@ -42,6 +42,7 @@ from .errors import (
     SupersededError,
     UnknownError,
 )
+from .limits import check_printable_ids, shown_id
 from .scopes import join_allowed, metadata_value
 
 __all__ = [
@@ -120,6 +121,7 @@ def _mapped(method: _F) -> _F:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            check_printable_ids(request)
             return await method(self, request, context)
         except CoordinatorError as exc:
             await abort_with(context, exc)
@@ -237,6 +239,8 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
             first.open.generation,
         )
         outbox = self._c.open_stream(job_id, worker_id, generation)
+        # A client that does not read fills its outbox: drop it (the finally below).
+        outbox.on_overflow(_dropper(asyncio.current_task(), job_id, worker_id, outbox.limit))
         coordinator = self._c
         refused: list[CoordinatorError] = []
 
@@ -270,6 +274,12 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
                 if message is STREAM_END:
                     break
                 await context.write(message)
+        except asyncio.CancelledError:
+            if not outbox.overflowed:
+                raise
+            refused.append(ResourceExhaustedError(
+                f"this stream had {outbox.limit} messages waiting that its client did not "
+                "read (max_stream_queue); dropped"))
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -287,6 +297,17 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
     async def RemoveProcessSet(self, request, context):  # noqa: N802
         await self._c.remove_process_set(wire.remove_process_set_request(request))
         return negotiation_pb2.RemoveProcessSetResponse()
+
+
+def _dropper(task: asyncio.Task[Any] | None, job_id: str, worker_id: str,
+             limit: int) -> Callable[[], None]:
+    def drop() -> None:
+        logger.warning("job '%s': worker %s reads nothing of its negotiation stream (%d messages "
+                       "waiting, max_stream_queue); dropped", shown_id(job_id),
+                       shown_id(worker_id), limit)
+        if task is not None:
+            task.cancel()
+    return drop
 
 
 async def _first_message(request_iterator: Any) -> negotiation_pb2.WorkerMessage | None:

@@ -30,6 +30,12 @@ _LIMITS = (
     "max_tensor_name_length",
     "max_events_per_job",
     "max_message_bytes",
+    "max_store_keys_per_job",
+    "max_store_bytes_per_job",
+    "max_stream_queue",
+    "max_live_streams",
+    "max_http_connections",
+    "max_http_connections_per_address",
 )
 # What a CompareSet carries besides its two values: field tags, lengths, the
 # key and the job id (at most 4 bytes a character).
@@ -84,6 +90,26 @@ class CoordinatorSettings:
             (gRPC's own max receive message length); a larger one is refused
             with RESOURCE_EXHAUSTED before any handler runs. Must leave room
             for a CompareSet of two values of ``max_store_value_bytes``.
+        max_store_keys_per_job: Most keys one job's store holds; a write of one
+            more is RESOURCE_EXHAUSTED.
+        max_store_bytes_per_job: Most bytes (keys and values) one job's store holds.
+        max_stream_queue: Most messages waiting to be sent on one negotiation
+            stream; a client that reads none of them (its stream stays full) is
+            dropped, not buffered for without end.
+        max_live_streams: Most live (server-sent events) streams at once; one
+            more is 503. Streams of one kind share one computation per tick.
+        max_http_connections: Most HTTP connections open at once; one more is
+            closed as it is accepted.
+        max_http_connections_per_address: Most HTTP connections open at once from
+            one client address.
+        max_grpc_connections: Most gRPC connections open at once (gRPC's own
+            ``grpc.max_allowed_incoming_connections``); 0 sizes it to the open-file
+            limit, less the HTTP connections and a reserve for the process itself.
+        header_timeout: An HTTP connection that has not sent a whole request head
+            this long after it opened (or after its last response) is closed; also
+            the TLS and HTTP/2 handshake deadline of both servers.
+        grpc_idle_timeout: A gRPC connection with no call for this long is closed
+            (``grpc.max_connection_idle_ms``; clients reconnect by themselves).
         log_level: Name of a :mod:`logging` level.
         state_dir: Where the journal lives (SQLite in WAL mode); None keeps no
             journal, and a restart then rebuilds running jobs from their
@@ -118,6 +144,16 @@ class CoordinatorSettings:
     max_tensor_name_length: int = 4096
     max_events_per_job: int = 10_000
     max_message_bytes: int = 4 * 1024 * 1024
+    # Gloo's bootstrap keeps a few keys per rank: room for the largest world.
+    max_store_keys_per_job: int = 4 * 65_536
+    max_store_bytes_per_job: int = 64 * 1024 * 1024
+    max_stream_queue: int = 10_000
+    max_live_streams: int = 32
+    max_http_connections: int = 256
+    max_http_connections_per_address: int = 32
+    max_grpc_connections: int = 0
+    header_timeout: timedelta = timedelta(seconds=10)
+    grpc_idle_timeout: timedelta = timedelta(minutes=5)
     log_level: str = "INFO"
     state_dir: Path | None = None
     guess_burst: int = 500
@@ -129,7 +165,11 @@ class CoordinatorSettings:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ValueError(f"{name} must be in [0, 65535], got {port}")
-        for name in ("lease", "heartbeat_interval", "stall_check_interval"):
+        if self.max_grpc_connections < 0:
+            raise ValueError(
+                f"max_grpc_connections must not be negative, got {self.max_grpc_connections}")
+        for name in ("lease", "heartbeat_interval", "stall_check_interval", "header_timeout",
+                     "grpc_idle_timeout"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.guess_burst < 0 or not self.guess_rate > 0:
@@ -262,6 +302,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="at most one log line per kind of refused call per this many seconds; "
         "the next line counts the ones left out (default %(default)s)",
     )
+    parser.add_argument(
+        "--max-grpc-connections",
+        type=int,
+        default=defaults.max_grpc_connections,
+        help="most gRPC connections open at once; 0 sizes it to the open-file limit "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=defaults.header_timeout.total_seconds(),
+        help="seconds an HTTP connection may take to send a request head, and the TLS "
+        "and HTTP/2 handshake deadline (default %(default)s)",
+    )
+    parser.add_argument(
+        "--grpc-idle-timeout-s",
+        type=float,
+        default=defaults.grpc_idle_timeout.total_seconds(),
+        help="seconds a gRPC connection without calls stays open (default %(default)s)",
+    )
     for name in _LIMITS:
         parser.add_argument(
             "--" + name.replace("_", "-"),
@@ -334,6 +394,9 @@ def parse_command_line(
             job_retention=timedelta(seconds=args.job_retention_s),
             refusal_log_interval=timedelta(seconds=args.refusal_log_interval_s),
             **{name: getattr(args, name) for name in _LIMITS},
+            max_grpc_connections=args.max_grpc_connections,
+            header_timeout=timedelta(seconds=args.header_timeout_s),
+            grpc_idle_timeout=timedelta(seconds=args.grpc_idle_timeout_s),
             log_level=log_level,
             guess_burst=args.guess_burst,
             guess_rate=args.guess_rate,

@@ -14,6 +14,7 @@ from .errors import (
     InvalidRequestError,
     KeyTimeoutError,
     OutOfRangeError,
+    ResourceExhaustedError,
     UnknownError,
     shown_id,
 )
@@ -36,14 +37,21 @@ class KeyValueStore:
         max_value_bytes: int = 1024 * 1024,
         on_change: Callable[[str, bytes | None], None] | None = None,
         data: dict[str, bytes] | None = None,
+        max_keys: int | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         """``on_change(key, value)`` hears of every write before it is acknowledged
-        (value None: deleted), e.g. the journal; ``data`` is what it restored."""
+        (value None: deleted), e.g. the journal; ``data`` is what it restored.
+        ``max_keys`` and ``max_bytes`` (UTF-8 keys and values together) are the
+        job's quota; None: none."""
         self.job_id = job_id
         self._on_change = on_change
         self._max_key_bytes = max_key_bytes
         self._max_value_bytes = max_value_bytes
         self._data: dict[str, bytes] = dict(data or {})
+        self._max_keys = max_keys
+        self._max_bytes = max_bytes
+        self._bytes = sum(_size(k, v) for k, v in self._data.items())
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
 
     def __len__(self) -> int:
@@ -79,11 +87,41 @@ class KeyValueStore:
         self.check(key, value)
         self._put(key, value)
 
+    @property
+    def size_bytes(self) -> int:
+        """Bytes held: keys (UTF-8) and values."""
+        return self._bytes
+
+    def _check_quota(self, key: str, value: bytes) -> int:
+        """The store's size once ``key`` holds ``value``.
+
+        Raises:
+            ResourceExhaustedError: that passes the job's key count or byte quota.
+        """
+        old = self._data.get(key)
+        size = self._bytes + _size(key, value) - (0 if old is None else _size(key, old))
+        if (old is None and self._max_keys is not None
+                and len(self._data) >= self._max_keys):
+            raise ResourceExhaustedError(
+                f"the store of job '{shown_id(self.job_id)}' holds {len(self._data)} keys, its "
+                "quota (max_store_keys_per_job)")
+        if self._max_bytes is not None and size > self._max_bytes and size > self._bytes:
+            raise ResourceExhaustedError(
+                f"the store of job '{shown_id(self.job_id)}' would hold {size} bytes, past its "
+                f"quota of {self._max_bytes} (max_store_bytes_per_job)")
+        return size
+
     def _put(self, key: str, value: bytes) -> None:
-        """Sets a checked ``key`` and wakes everyone waiting for it."""
+        """Sets a checked ``key`` and wakes everyone waiting for it.
+
+        Raises:
+            ResourceExhaustedError: past the job's store quota; nothing changes.
+        """
+        size = self._check_quota(key, value)
         if self._on_change is not None:
             self._on_change(key, value)
         self._data[key] = value
+        self._bytes = size
         waiters = self._waiters.pop(key, None)
         if waiters:
             for fut in waiters:
@@ -202,5 +240,9 @@ class KeyValueStore:
             return False
         if self._on_change is not None:
             self._on_change(key, None)
-        del self._data[key]
+        self._bytes -= _size(key, self._data.pop(key))
         return True
+
+
+def _size(key: str, value: bytes) -> int:
+    return len(key.encode()) + len(value)

@@ -124,7 +124,7 @@ def test_readyz_is_503_until_grpc_serves():
 
     async def probe() -> list[int]:
         transport = httpx.ASGITransport(app=create_app(coordinator))
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             codes = [(await client.get("/readyz")).status_code]
             coordinator.serving = True
             codes.append((await client.get("/readyz")).status_code)
@@ -151,7 +151,7 @@ def test_events_and_elastic_fields_in_process():
 
     async def read() -> dict[str, object]:
         transport = httpx.ASGITransport(app=create_app(coordinator))
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             return {
                 "events": (await client.get("/api/v1/jobs/e/events")).json(),
                 "elastic": (await client.get("/api/v1/jobs/e")).json(),

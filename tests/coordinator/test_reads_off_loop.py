@@ -93,7 +93,7 @@ def test_the_jobs_list_pages_and_counts_every_job():
 
     async def read() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=create_app(coordinator))
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             paths = ("/api/v1/jobs", "/api/v1/jobs?limit=2", "/api/v1/jobs?offset=599&limit=5",
                      "/api/v1/jobs?offset=1000", "/api/v1/jobs?limit=0", "/api/v1/jobs?offset=-1")
             return [await client.get(path) for path in paths]
