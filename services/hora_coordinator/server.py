@@ -32,8 +32,8 @@ from .connections import (
     rate_limited_loggers,
 )
 from .coordinator import Coordinator
-from .guessing import GuessLimiter
 from .gctame import tame_gc
+from .guessing import GuessLimiter
 from .http import create_app
 from .journal import open_journal
 from .servicer import add_servicers

@@ -40,7 +40,10 @@ _HEALTHZ_DEADLINE_S = 5.0
 
 @pytest.fixture
 def limited():
-    with CoordinatorProcess(["--header-timeout-s", "3", "--refusal-log-interval-s", "10"],
+    # --guess-burst 0: every wrong token is checked and refused as such (no slow-down), the
+    # path whose garbage piled up (finding 3), and the most work a refused call can cost.
+    with CoordinatorProcess(["--header-timeout-s", "3", "--refusal-log-interval-s", "10",
+                             "--guess-burst", "0"],
                             command_prefix=_LIMIT) as proc:
         yield proc
 
