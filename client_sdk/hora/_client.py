@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
@@ -105,7 +105,8 @@ class CoordinatorLink(Protocol):
     def remove_process_set(self, generation: int, process_set_id: int,
                            invalid: str = "") -> None: ...
 
-    def open_stream(self, generation: int) -> Stream: ...
+    def open_stream(self, generation: int,
+                    received: Sequence[negotiation_pb2.ReceivedLists] = ()) -> Stream: ...
 
 
 class StoreKeyError(KeyError):
@@ -454,8 +455,9 @@ class CoordinatorClient:
                 raise StallError(detail) from exc
             raise self._error(exc, what) from exc
 
-    def open_stream(self, generation: int) -> NegotiationStream:
-        return NegotiationStream(self, generation)
+    def open_stream(self, generation: int,
+                    received: Sequence[negotiation_pb2.ReceivedLists] = ()) -> NegotiationStream:
+        return NegotiationStream(self, generation, received)
 
     def close(self) -> None:
         self._channel.close()
@@ -518,11 +520,13 @@ class NegotiationStream:
     gradients becomes one negotiation message.
     """
 
-    def __init__(self, client: CoordinatorClient, generation: int) -> None:
+    def __init__(self, client: CoordinatorClient, generation: int,
+                 received: Sequence[negotiation_pb2.ReceivedLists] = ()) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = threading.Event()
         open_msg = negotiation_pb2.WorkerMessage(open=negotiation_pb2.StreamOpen(
-            job_id=client.job_id, worker_id=client.worker_id, generation=generation))
+            job_id=client.job_id, worker_id=client.worker_id, generation=generation,
+            received=received))
         self._queue.put(open_msg)
         self._client = client
         self._responses = client._negotiation.Negotiate(

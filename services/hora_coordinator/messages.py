@@ -38,6 +38,7 @@ __all__ = [
     "OpType",
     "PlainTensorRequest",
     "ReattachRequest",
+    "ReceivedLists",
     "ReduceOp",
     "RemoveProcessSetRequest",
     "ReportedMember",
@@ -287,9 +288,24 @@ class Response:
 
 @dataclass(frozen=True)
 class ResponseList:
-    """Responses every recipient runs in this order (``hora.v1.ResponseList``)."""
+    """Responses every recipient runs in this order (``hora.v1.ResponseList``).
+
+    ``number`` counts the lists sent to every rank of one process set, per set
+    and generation, from 1; 0 on a list for one rank only.
+    """
 
     responses: tuple[Response, ...] = ()
+    number: int = 0
+
+
+@dataclass(frozen=True)
+class ReceivedLists:
+    """What a worker opening its stream again has received of one process set
+    (``hora.v1.ReceivedLists``): the last list's number and the newest lists."""
+
+    process_set_id: int
+    last_number: int
+    recent: tuple[ResponseList, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,146 @@
+"""No step stranded by a coordinator that dies mid-delivery (issue 28, item 3).
+
+The coordinator's test-only hook (``--test-die-after-list N``) makes it exit
+right after it has written the global set's response list number N to rank
+0's stream, before rank 1's stream got it. Rank 0 then runs the collective;
+rank 1 still waits for the answer and sends its request again once it has
+re-attached. The test restarts the coordinator on the same ports and state
+dir: the re-attaching ranks report the lists they hold, and the coordinator
+re-sends list N to rank 1. The step must complete long before the stall and
+collective timeouts (120 s), and the parameters must be identical on both
+ranks and equal to those of a run without the kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_coordinator_restart import restarted, step_of
+from tests.support.coordinator import CoordinatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+HORARUN = [sys.executable, "-m", "hora.runner.launch"]
+STEPS = 30
+# The global set's lists: the parameter broadcast and step 0's gradients come
+# first, then one list per step for the loss (a name never negotiated before).
+DIE_AFTER_LIST = 16
+# Set long, so that a stranded step shows as a failure, not a slow pass.
+TIMEOUTS = {"HORA_STALL_SHUTDOWN_TIME": "120", "HORA_COLLECTIVE_TIMEOUT": "120",
+            "HORA_COORDINATOR_OUTAGE_TIMEOUT": "120"}
+# Well under those timeouts: the restart and the re-attach, on a loaded machine.
+REATTACH_BOUND_S = 60
+
+WORKER = textwrap.dedent("""
+    import hashlib, json, sys, time
+    from pathlib import Path
+    import torch
+    import hora.torch as hvd
+
+    out, steps = Path(sys.argv[1]), int(sys.argv[2])
+    hvd.init()
+    rank = hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(64, 8, generator=g)
+    y = x.sum(dim=1, keepdim=True)
+    longest = 0.0
+    for step in range(steps):
+        began = time.monotonic()
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        # A name never negotiated before: every step needs the coordinator.
+        mean = hvd.allreduce(loss.detach(), name=f"loss.{step}")
+        with torch.no_grad():
+            model[0].bias.add_(mean * 1e-3)
+        longest = max(longest, time.monotonic() - began)
+        (out / f"{rank}.step").write_text(str(step))
+        time.sleep(0.05)
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
+                                     for p in model.parameters())).hexdigest()
+    (out / f"{rank}.json").write_text(json.dumps(
+        {"steps": step + 1, "digest": digest, "longest_step_s": longest}))
+    hvd.shutdown()
+""")
+
+
+def run_job(tmp_path: Path, coord: CoordinatorProcess, name: str) -> subprocess.Popen:
+    script = tmp_path / "train.py"
+    script.write_text(WORKER)
+    out = tmp_path / name
+    out.mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HORA_TOKEN": coord.token, **TIMEOUTS}
+    return subprocess.Popen(
+        [*HORARUN, "-np", "2", "--coordinator", coord.grpc_address, "--job-id", name,
+         sys.executable, str(script), str(out), str(STEPS)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def results(tmp_path: Path, name: str, proc: subprocess.Popen, timeout: float) -> list[dict]:
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, stderr = proc.communicate()
+        raise AssertionError(f"job {name} did not finish:\n{stderr[-6000:]}") from None
+    assert proc.returncode == 0, f"job {name} failed ({proc.returncode}):\n{stderr[-6000:]}"
+    found = [json.loads((tmp_path / name / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["steps"] for r in found] == [STEPS, STEPS]
+    return found
+
+
+def test_a_list_delivered_to_rank_0_only_is_redelivered_after_the_restart(tmp_path):
+    # The same job without the kill: the parameters it ends with.
+    with CoordinatorProcess() as plain:
+        reference = results(tmp_path, "plain", run_job(tmp_path, plain, "plain"), 150)
+    assert reference[0]["digest"] == reference[1]["digest"]
+
+    extra = ["--state-dir", str(tmp_path / "state")]
+    first = CoordinatorProcess([*extra, "--test-die-after-list", str(DIE_AFTER_LIST)]).start()
+    second = None
+    try:
+        proc = run_job(tmp_path, first, "killed")
+        assert first.proc is not None
+        first.proc.wait(120)  # the hook's exit, mid-training
+        died = time.monotonic()
+        assert "test hook: exiting after delivering response list" in first.log(), first.log()
+        assert first.proc.returncode == 70
+        at_death = [step_of(tmp_path / "killed", r) for r in (0, 1)]
+        assert max(at_death) < STEPS - 1, at_death
+        second = restarted(first, extra).start()
+        # Every step after the death completes well before the 120 s timeouts.
+        deadline = died + REATTACH_BOUND_S
+        while min(step_of(tmp_path / "killed", r) for r in (0, 1)) <= max(at_death):
+            assert proc.poll() is None, proc.communicate()[1][-6000:]
+            assert time.monotonic() < deadline, (
+                f"the step after the coordinator died is still stranded after "
+                f"{REATTACH_BOUND_S} s (steps {at_death} at the death)")
+            time.sleep(0.1)
+        found = results(tmp_path, "killed", proc, 150)
+        assert "redelivered" in second.log(), second.log()
+        assert found[0]["digest"] == found[1]["digest"], "the ranks' parameters differ"
+        assert found[0]["digest"] == reference[0]["digest"], "the kill changed the result"
+        assert "Traceback" not in second.log(), second.log()
+    except BaseException:
+        first.dump_log()
+        if second is not None:
+            second.dump_log()
+        raise
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
