@@ -21,8 +21,8 @@ from hora_proto.v1 import rendezvous_pb2 as rpb
 from .messages import (
     AddProcessSetRequest,
     CoordinatorMessage,
-    Event,
     ErrorKind,
+    Event,
     JoinRequest,
     ReattachRequest,
     ReceivedLists,

@@ -103,13 +103,20 @@ def results(tmp_path: Path, name: str, proc: subprocess.Popen, timeout: float) -
     return found
 
 
-def test_a_list_delivered_to_rank_0_only_is_redelivered_after_the_restart(tmp_path):
-    # The same job without the kill: the parameters it ends with.
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+    """The parameters the same job ends with when no coordinator dies."""
+    tmp_path = tmp_path_factory.mktemp("reference")
     with CoordinatorProcess() as plain:
-        reference = results(tmp_path, "plain", run_job(tmp_path, plain, "plain"), 150)
-    assert reference[0]["digest"] == reference[1]["digest"]
+        found = results(tmp_path, "plain", run_job(tmp_path, plain, "plain"), 150)
+    assert found[0]["digest"] == found[1]["digest"]
+    return found[0]["digest"]
 
-    extra = ["--state-dir", str(tmp_path / "state")]
+
+@pytest.mark.parametrize("journal", [True, False], ids=["state-dir", "no-state-dir"])
+def test_a_list_delivered_to_rank_0_only_is_redelivered_after_the_restart(
+        tmp_path, reference, journal):
+    extra = ["--state-dir", str(tmp_path / "state")] if journal else []
     first = CoordinatorProcess([*extra, "--test-die-after-list", str(DIE_AFTER_LIST)]).start()
     second = None
     try:
@@ -133,8 +140,10 @@ def test_a_list_delivered_to_rank_0_only_is_redelivered_after_the_restart(tmp_pa
         found = results(tmp_path, "killed", proc, 150)
         assert "redelivered" in second.log(), second.log()
         assert found[0]["digest"] == found[1]["digest"], "the ranks' parameters differ"
-        assert found[0]["digest"] == reference[0]["digest"], "the kill changed the result"
+        assert found[0]["digest"] == reference, "the kill changed the result"
         assert "Traceback" not in second.log(), second.log()
+        if os.environ.get("DUMP"):
+            second.dump_log()
     except BaseException:
         first.dump_log()
         if second is not None:
