@@ -334,8 +334,7 @@ class Coordinator:
 
     def open_stream(self, job_id: str, worker_id: str, generation: int,
                     received: Sequence[ReceivedLists] = ()) -> Outbox:
-        """Admits a member's negotiation stream; the outbox it must drain, where the
-        lists it reports it missed are queued first (:func:`.state.redeliver`).
+        """Admits a member's negotiation stream (re-sending lists it missed); its outbox.
 
         Raises:
             AlreadyOpenError: the member already has a stream in this generation.

@@ -236,6 +236,10 @@ class TensorRequest(Protocol):
     def group_size(self) -> int: ...
     @property
     def invalid(self) -> str: ...
+    @property
+    def resent(self) -> bool: ...
+    @property
+    def received_list(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -256,6 +260,8 @@ class PlainTensorRequest:
     group_id: int = 0
     group_size: int = 0
     invalid: str = ""
+    resent: bool = False
+    received_list: int = 0
 
 
 @dataclass(frozen=True)

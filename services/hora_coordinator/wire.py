@@ -310,6 +310,8 @@ def tensor_request_pb(request: TensorRequest) -> npb.TensorRequest:
         group_id=request.group_id,
         group_size=request.group_size,
         invalid=request.invalid,
+        resent=request.resent,
+        received_list=request.received_list,
     )
 
 

@@ -17,12 +17,12 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_coordinator_restart import WORKER as RESTART_WORKER
 from tests.e2e.test_coordinator_restart import restarted, step_of
 from tests.support.coordinator import CoordinatorProcess
 
@@ -39,43 +39,12 @@ TIMEOUTS = {"HORA_STALL_SHUTDOWN_TIME": "120", "HORA_COLLECTIVE_TIMEOUT": "120",
 # Well under those timeouts: the restart and the re-attach, on a loaded machine.
 REATTACH_BOUND_S = 60
 
-WORKER = textwrap.dedent("""
-    import hashlib, json, sys, time
-    from pathlib import Path
-    import torch
-    import hora.torch as hvd
-
-    out, steps = Path(sys.argv[1]), int(sys.argv[2])
-    hvd.init()
-    rank = hvd.rank()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                   named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    g = torch.Generator().manual_seed(100 + rank)
-    x = torch.randn(64, 8, generator=g)
-    y = x.sum(dim=1, keepdim=True)
-    longest = 0.0
-    for step in range(steps):
-        began = time.monotonic()
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        # A name never negotiated before: every step needs the coordinator.
-        mean = hvd.allreduce(loss.detach(), name=f"loss.{step}")
-        with torch.no_grad():
-            model[0].bias.add_(mean * 1e-3)
-        longest = max(longest, time.monotonic() - began)
-        (out / f"{rank}.step").write_text(str(step))
-        time.sleep(0.05)
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
-                                     for p in model.parameters())).hexdigest()
-    (out / f"{rank}.json").write_text(json.dumps(
-        {"steps": step + 1, "digest": digest, "longest_step_s": longest}))
-    hvd.shutdown()
-""")
+# The restart test's worker, asked for a new name every step: each step needs
+# the coordinator, and the allreduced loss also moves a bias, so that the
+# list that was re-sent decides the parameters too.
+_CALL = 'hvd.allreduce(loss.detach(), name=f"loss.{step}")'
+assert _CALL in RESTART_WORKER
+WORKER = RESTART_WORKER.replace(_CALL, f"model[0].bias.data.add_(1e-3 * {_CALL})")
 
 
 def run_job(tmp_path: Path, coord: CoordinatorProcess, name: str) -> subprocess.Popen:
@@ -86,7 +55,7 @@ def run_job(tmp_path: Path, coord: CoordinatorProcess, name: str) -> subprocess.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HORA_TOKEN": coord.token, **TIMEOUTS}
     return subprocess.Popen(
         [*HORARUN, "-np", "2", "--coordinator", coord.grpc_address, "--job-id", name,
-         sys.executable, str(script), str(out), str(STEPS)],
+         sys.executable, str(script), str(out), str(STEPS), "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -99,7 +68,10 @@ def results(tmp_path: Path, name: str, proc: subprocess.Popen, timeout: float) -
         raise AssertionError(f"job {name} did not finish:\n{stderr[-6000:]}") from None
     assert proc.returncode == 0, f"job {name} failed ({proc.returncode}):\n{stderr[-6000:]}"
     found = [json.loads((tmp_path / name / f"{rank}.json").read_text()) for rank in (0, 1)]
-    assert [r["steps"] for r in found] == [STEPS, STEPS]
+    for result in found:  # every step, in the process and generation it started in
+        assert result["steps"] == STEPS
+        assert result["pid"] == result["end_pid"]
+        assert result["generation"] == result["end_generation"] == 1, result
     return found
 
 
@@ -118,7 +90,7 @@ def test_a_list_delivered_to_rank_0_only_is_redelivered_after_the_restart(
         tmp_path, reference, journal):
     extra = ["--state-dir", str(tmp_path / "state")] if journal else []
     first = CoordinatorProcess([*extra, "--test-die-after-list", str(DIE_AFTER_LIST)]).start()
-    second = None
+    coordinators = [first]
     try:
         proc = run_job(tmp_path, first, "killed")
         assert first.proc is not None
@@ -129,6 +101,7 @@ def test_a_list_delivered_to_rank_0_only_is_redelivered_after_the_restart(
         at_death = [step_of(tmp_path / "killed", r) for r in (0, 1)]
         assert max(at_death) < STEPS - 1, at_death
         second = restarted(first, extra).start()
+        coordinators.append(second)
         # Every step after the death completes well before the 120 s timeouts.
         deadline = died + REATTACH_BOUND_S
         while min(step_of(tmp_path / "killed", r) for r in (0, 1)) <= max(at_death):
@@ -142,14 +115,10 @@ def test_a_list_delivered_to_rank_0_only_is_redelivered_after_the_restart(
         assert found[0]["digest"] == found[1]["digest"], "the ranks' parameters differ"
         assert found[0]["digest"] == reference, "the kill changed the result"
         assert "Traceback" not in second.log(), second.log()
-        if os.environ.get("DUMP"):
-            second.dump_log()
     except BaseException:
-        first.dump_log()
-        if second is not None:
-            second.dump_log()
+        for coordinator in coordinators:
+            coordinator.dump_log()
         raise
     finally:
-        first.stop()
-        if second is not None:
-            second.stop()
+        for coordinator in coordinators:
+            coordinator.stop()

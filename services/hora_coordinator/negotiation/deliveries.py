@@ -138,5 +138,4 @@ class Deliveries:
         if answered_by is None:
             return False
         del self._answered[key]  # the next request of that name is a new step's
-        return bool(getattr(request, "resent", False)) and (
-            getattr(request, "received_list", 0) < answered_by)
+        return request.resent and request.received_list < answered_by
