@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
@@ -110,7 +110,8 @@ class CoordinatorLink(Protocol):
     def remove_process_set(self, generation: int, process_set_id: int,
                            invalid: str = "") -> None: ...
 
-    def open_stream(self, generation: int) -> Stream: ...
+    def open_stream(self, generation: int,
+                    received: Sequence[negotiation_pb2.ReceivedLists] = ()) -> Stream: ...
 
 
 class StoreKeyError(KeyError):
@@ -470,8 +471,9 @@ class CoordinatorClient:
                 raise StallError(detail) from exc
             raise self._error(exc, what) from exc
 
-    def open_stream(self, generation: int) -> NegotiationStream:
-        return NegotiationStream(self, generation)
+    def open_stream(self, generation: int,
+                    received: Sequence[negotiation_pb2.ReceivedLists] = ()) -> NegotiationStream:
+        return NegotiationStream(self, generation, received)
 
     def close(self) -> None:
         self._channel.close()

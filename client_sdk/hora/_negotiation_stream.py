@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -78,11 +78,13 @@ class NegotiationStream:
     gradients becomes one negotiation message.
     """
 
-    def __init__(self, client: CoordinatorClient, generation: int) -> None:
+    def __init__(self, client: CoordinatorClient, generation: int,
+                 received: Sequence[negotiation_pb2.ReceivedLists] = ()) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = threading.Event()
         open_msg = negotiation_pb2.WorkerMessage(open=negotiation_pb2.StreamOpen(
-            job_id=client.job_id, worker_id=client.worker_id, generation=generation))
+            job_id=client.job_id, worker_id=client.worker_id, generation=generation,
+            received=received))
         self._queue.put(open_msg)
         self._client = client
         self._responses = client._negotiation.Negotiate(

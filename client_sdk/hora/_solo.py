@@ -14,7 +14,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from hora_proto.v1 import negotiation_pb2, rendezvous_pb2
 
@@ -82,7 +82,8 @@ class SoloClient:
         if self._stream is not None:
             self._stream.deliver(messages)
 
-    def open_stream(self, generation: int) -> SoloStream:
+    def open_stream(self, generation: int,
+                    received: Sequence[negotiation_pb2.ReceivedLists] = ()) -> SoloStream:
         self._stream = SoloStream(self)
         return self._stream
 

@@ -35,6 +35,7 @@ from .messages import (
     CoordinatorMessage,
     JoinRequest,
     ReattachRequest,
+    ReceivedLists,
     RemoveProcessSetRequest,
     ResponseList,
     TensorRequest,
@@ -330,14 +331,15 @@ class Coordinator:
 
     # ---- negotiation ------------------------------------------------------------------
 
-    def open_stream(self, job_id: str, worker_id: str, generation: int) -> Outbox:
-        """Admits a member's negotiation stream; the outbox it must drain.
+    def open_stream(self, job_id: str, worker_id: str, generation: int,
+                    received: Sequence[ReceivedLists] = ()) -> Outbox:
+        """Admits a member's negotiation stream (re-sending lists it missed); its outbox.
 
         Raises:
             AlreadyOpenError: the member already has a stream in this generation.
         """
         job = self.job(job_id)
-        state.open_stream(job, worker_id, generation, self.clock())
+        member = state.open_stream(job, worker_id, generation, self.clock())
         stream_key = (job_id, worker_id, generation)
         if stream_key in self._open_streams:
             raise AlreadyOpenError(
@@ -346,6 +348,7 @@ class Coordinator:
             )
         outbox = self._outboxes.setdefault((job_id, worker_id), Outbox(self._box_limit))
         self._open_streams[stream_key] = outbox
+        self.apply(job, state.redeliver(job, member, received))
         return outbox
 
     def requests(

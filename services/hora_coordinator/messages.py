@@ -38,6 +38,7 @@ __all__ = [
     "OpType",
     "PlainTensorRequest",
     "ReattachRequest",
+    "ReceivedLists",
     "ReduceOp",
     "RemoveProcessSetRequest",
     "ReportedMember",
@@ -235,6 +236,10 @@ class TensorRequest(Protocol):
     def group_size(self) -> int: ...
     @property
     def invalid(self) -> str: ...
+    @property
+    def resent(self) -> bool: ...
+    @property
+    def received_list(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -255,6 +260,8 @@ class PlainTensorRequest:
     group_id: int = 0
     group_size: int = 0
     invalid: str = ""
+    resent: bool = False
+    received_list: int = 0
 
 
 @dataclass(frozen=True)
@@ -287,9 +294,24 @@ class Response:
 
 @dataclass(frozen=True)
 class ResponseList:
-    """Responses every recipient runs in this order (``hora.v1.ResponseList``)."""
+    """Responses every recipient runs in this order (``hora.v1.ResponseList``).
+
+    ``number`` counts the lists sent to every rank of one process set, per set
+    and generation, from 1; 0 on a list for one rank only.
+    """
 
     responses: tuple[Response, ...] = ()
+    number: int = 0
+
+
+@dataclass(frozen=True)
+class ReceivedLists:
+    """What a worker opening its stream again has received of one process set
+    (``hora.v1.ReceivedLists``): the last list's number and the newest lists."""
+
+    process_set_id: int
+    last_number: int
+    recent: tuple[ResponseList, ...] = ()
 
 
 @dataclass(frozen=True)

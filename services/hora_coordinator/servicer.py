@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -238,10 +239,12 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
             first.open.worker_id,
             first.open.generation,
         )
-        outbox = self._c.open_stream(job_id, worker_id, generation)
+        outbox = self._c.open_stream(job_id, worker_id, generation,
+                                     wire.received_lists(first.open))
         # A client that does not read fills its outbox: drop it (the finally below).
         outbox.on_overflow(_dropper(asyncio.current_task(), job_id, worker_id, outbox.limit))
         coordinator = self._c
+        die_after = coordinator.settings.test_die_after_list
         refused: list[CoordinatorError] = []
 
         async def read() -> None:
@@ -273,6 +276,8 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
                 message = await outbox.get()
                 if message is STREAM_END:
                     break
+                if die_after and _is_list(message, die_after):
+                    await self._die_after_rank_0(job_id, worker_id, message, context)
                 await context.write(message)
         except asyncio.CancelledError:
             if not outbox.overflowed:
@@ -287,6 +292,22 @@ class NegotiationServicer(negotiation_pb2_grpc.NegotiationServicer):
             self._c.stream_closed(job_id, worker_id, generation)
         if refused:
             raise refused[0]
+
+    async def _die_after_rank_0(self, job_id: str, worker_id: str,
+                                message: negotiation_pb2.CoordinatorMessage,
+                                context: grpc.aio.ServicerContext) -> None:
+        """The test-only fault (``--test-die-after-list``): the list goes to rank 0,
+        then the process exits; any other rank's stream holds it back until then."""
+        job = self._c.jobs.get(job_id)
+        member = job.by_worker.get(worker_id) if job is not None else None
+        if member is None or member.rank != 0:
+            await asyncio.Event().wait()  # never set: the process exits first
+        await context.write(message)
+        await asyncio.sleep(0.5)  # let gRPC flush it onto the socket
+        logger.critical("test hook: exiting after delivering response list %d to rank 0 "
+                        "only (--test-die-after-list)", message.responses.number)
+        logging.shutdown()
+        os._exit(70)
 
     @_mapped
     async def AddProcessSet(self, request, context):  # noqa: N802
@@ -308,6 +329,14 @@ def _dropper(task: asyncio.Task[Any] | None, job_id: str, worker_id: str,
         if task is not None:
             task.cancel()
     return drop
+
+
+def _is_list(message: object, number: int) -> bool:
+    """Whether ``message`` is the global set's response list ``number``."""
+    return (isinstance(message, negotiation_pb2.CoordinatorMessage)
+            and message.WhichOneof("kind") == "responses"
+            and message.responses.number == number
+            and all(r.process_set_id == 0 for r in message.responses.responses))
 
 
 async def _first_message(request_iterator: Any) -> negotiation_pb2.WorkerMessage | None:

@@ -159,6 +159,10 @@ class CoordinatorSettings:
     guess_burst: int = 500
     guess_rate: float = 5.0
     allow_weak_token: bool = False
+    # Test only (hidden flag --test-die-after-list; 0, the default, is off): exit
+    # the process right after writing the global set's response list of this
+    # number to rank 0's stream, never to the others' (issue 28's fault injection).
+    test_die_after_list: int = 0
 
     def __post_init__(self) -> None:
         for name in ("grpc_port", "http_port"):
@@ -352,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(SQLite, WAL), so that a restarted coordinator resumes them "
         "(default: $HORA_STATE_DIR, else none)",
     )
+    # Test-only fault injection, off by default and left out of --help.
+    parser.add_argument("--test-die-after-list", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument(
         "--ready-file",
         type=Path,
@@ -403,6 +409,7 @@ def parse_command_line(
             allow_weak_token=args.allow_weak_token,
             state_dir=args.state_dir or (Path(env["HORA_STATE_DIR"])
                                          if env.get("HORA_STATE_DIR") else None),
+            test_die_after_list=args.test_die_after_list,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -22,12 +22,16 @@ from .errors import InvalidRequestError
 from .messages import (
     AddProcessSetRequest,
     CoordinatorMessage,
+    ErrorKind,
     Event,
     JoinRequest,
     ReattachRequest,
+    ReceivedLists,
     RemoveProcessSetRequest,
     ReportedMember,
     Response,
+    ResponseList,
+    ResponseType,
     TensorRequest,
 )
 from .state.job import JobEvent, MemberState
@@ -43,6 +47,7 @@ __all__ = [
     "join_request",
     "join_response_pb",
     "reattach_request",
+    "received_lists",
     "list_events_response_pb",
     "rank_telemetry",
     "remove_process_set_request",
@@ -192,6 +197,38 @@ def remove_process_set_request(message: npb.RemoveProcessSetRequest) -> RemovePr
     )
 
 
+def received_lists(message: npb.StreamOpen) -> tuple[ReceivedLists, ...]:
+    """What a worker opening its stream reports it has received, per process set."""
+    return tuple(
+        ReceivedLists(
+            process_set_id=r.process_set_id,
+            last_number=r.last_number,
+            recent=tuple(_response_list(lst) for lst in r.recent),
+        )
+        for r in message.received
+    )
+
+
+def _response_list(message: npb.ResponseList) -> ResponseList:
+    return ResponseList(
+        responses=tuple(
+            Response(
+                type=ResponseType(r.type),
+                tensor_names=tuple(r.tensor_names),
+                process_set_id=r.process_set_id,
+                first_dims=tuple(r.first_dims),
+                splits=tuple(r.splits),
+                error_message=r.error_message,
+                error_kind=ErrorKind(r.error_kind),
+                join_fill=tuple(r.join_fill),  # requests as they are (see the docstring)
+                last_joined_rank=r.last_joined_rank,
+            )
+            for r in message.responses
+        ),
+        number=message.number,
+    )
+
+
 def tensor_requests(message: npb.RequestList) -> Sequence[TensorRequest]:
     """The requests of a RequestList, as they are (they satisfy :class:`TensorRequest`)."""
     return message.requests
@@ -311,6 +348,8 @@ def tensor_request_pb(request: TensorRequest) -> npb.TensorRequest:
         group_id=request.group_id,
         group_size=request.group_size,
         invalid=request.invalid,
+        resent=request.resent,
+        received_list=request.received_list,
     )
 
 
@@ -350,7 +389,8 @@ def coordinator_message_pb(message: CoordinatorMessage) -> npb.CoordinatorMessag
     if message.responses is not None:
         return npb.CoordinatorMessage(
             responses=npb.ResponseList(
-                responses=[response_pb(r) for r in message.responses.responses]
+                responses=[response_pb(r) for r in message.responses.responses],
+                number=message.responses.number,
             )
         )
     if message.event is not None:

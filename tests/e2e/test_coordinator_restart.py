@@ -86,10 +86,15 @@ def free_port() -> int:
 
 
 def step_of(out: Path, rank: int) -> int:
-    try:
-        return int((out / f"{rank}.step").read_text() or -1)
-    except (FileNotFoundError, ValueError):
-        return -1
+    """The last step ``rank`` finished, -1 before the first."""
+    for _ in range(100):  # an empty read falls between the worker's truncate and write
+        try:
+            return int((out / f"{rank}.step").read_text())
+        except FileNotFoundError:
+            return -1
+        except ValueError:
+            time.sleep(0.001)
+    return -1
 
 
 def wait_steps(out: Path, at_least: int, proc: subprocess.Popen, timeout: float = 60) -> None:

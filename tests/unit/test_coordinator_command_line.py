@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from hora_coordinator.settings import parse_command_line
+from hora_coordinator.settings import build_parser, parse_command_line
 
 pytestmark = pytest.mark.unit
 
@@ -24,3 +24,10 @@ def test_bad_values_are_usage_errors(argv, capsys):
         parse_command_line(argv, {})
     assert exc.value.code == 2
     assert "must" in capsys.readouterr().err
+
+
+def test_the_fault_injection_hook_is_off_by_default_and_left_out_of_help():
+    assert parse_command_line([], environ={}).settings.test_die_after_list == 0
+    on = parse_command_line(["--test-die-after-list", "3"], environ={})
+    assert on.settings.test_die_after_list == 3
+    assert "test-die-after-list" not in build_parser().format_help()

@@ -38,6 +38,7 @@ from ..settings import Settings
 from .executor import RESPONSE_OP, Executor
 from .pending import Pending
 from .process_sets import ProcessSets, ResponseList
+from .received import ReceivedLog
 
 __all__ = ["Negotiator"]
 
@@ -70,6 +71,9 @@ class Negotiator:
         self._reattach_call = reattach
         # Requests sent and not answered yet, by name: what a new stream sends again.
         self._awaiting: dict[str, negotiation_pb2.TensorRequest] = {}
+        # By process set: the numbered lists received (the reader thread's own), which
+        # a new stream reports so that a list some ranks missed is re-sent to them.
+        self._received = ReceivedLog()
         self._send_lock = threading.Lock()
         self._stream = client.open_stream(generation)
         self.thread = threading.Thread(target=self._read_loop, name="hora-reader", daemon=True)
@@ -96,7 +100,8 @@ class Negotiator:
                     for message in self._stream:
                         kind = message.WhichOneof("kind")
                         if kind == "responses":
-                            self._dispatch(message.responses.responses)
+                            if self._received.first_time(message.responses):
+                                self._dispatch(message.responses.responses)
                         elif kind == "event":
                             self._on_event(message.event)
                         elif kind == "heartbeat":
@@ -149,9 +154,10 @@ class Negotiator:
                     f"rank {self._rank}'s re-attach: {exc}"))
                 return False
             with self._send_lock:
-                self._stream = self._client.open_stream(self._generation)
+                self._stream = self._client.open_stream(self._generation,
+                                                        self._received.report())
                 for request in self._awaiting.values():
-                    self._stream.send(request)
+                    self._stream.send(self._received.resent(request))
                 resent = len(self._awaiting)
             self._client.outage_over()
             log.warning("rank %d: re-attached to the coordinator %s after %.1f s: generation "

@@ -25,23 +25,23 @@ _sym_db = _symbol_database.Default()
 from hora_proto.v1 import rendezvous_pb2 as hora__proto_dot_v1_dot_rendezvous__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fhora_proto/v1/negotiation.proto\x12\x07hora.v1\x1a\x1ehora_proto/v1/rendezvous.proto\"\x85\x01\n\x14\x41\x64\x64ProcessSetRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x16\n\x0eprocess_set_id\x18\x04 \x01(\x05\x12\r\n\x05ranks\x18\x05 \x03(\x05\x12\x0f\n\x07invalid\x18\x06 \x01(\t\"\x17\n\x15\x41\x64\x64ProcessSetResponse\"y\n\x17RemoveProcessSetRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x16\n\x0eprocess_set_id\x18\x04 \x01(\x05\x12\x0f\n\x07invalid\x18\x05 \x01(\t\"\x1a\n\x18RemoveProcessSetResponse\"\xb8\x02\n\rTensorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x07op_type\x18\x02 \x01(\x0e\x32\x0f.hora.v1.OpType\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12$\n\treduce_op\x18\x06 \x01(\x0e\x32\x11.hora.v1.ReduceOp\x12\x11\n\troot_rank\x18\x07 \x01(\x05\x12\x17\n\x0fprescale_factor\x18\x08 \x01(\x01\x12\x18\n\x10postscale_factor\x18\t \x01(\x01\x12\x16\n\x0eprocess_set_id\x18\n \x01(\x05\x12\x0e\n\x06splits\x18\x0b \x03(\x03\x12\x10\n\x08group_id\x18\x0c \x01(\x03\x12\x12\n\ngroup_size\x18\r \x01(\x05\x12\x0f\n\x07invalid\x18\x0e \x01(\t\"7\n\x0bRequestList\x12(\n\x08requests\x18\x01 \x03(\x0b\x32\x16.hora.v1.TensorRequest\"C\n\nStreamOpen\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\"N\n\x0fStreamHeartbeat\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12)\n\ttelemetry\x18\x02 \x01(\x0b\x32\x16.hora.v1.RankTelemetry\"\x95\x01\n\rWorkerMessage\x12#\n\x04open\x18\x01 \x01(\x0b\x32\x13.hora.v1.StreamOpenH\x00\x12(\n\x08requests\x18\x02 \x01(\x0b\x32\x14.hora.v1.RequestListH\x00\x12-\n\theartbeat\x18\x03 \x01(\x0b\x32\x18.hora.v1.StreamHeartbeatH\x00\x42\x06\n\x04kind\"\x85\x02\n\x08Response\x12#\n\x04type\x18\x01 \x01(\x0e\x32\x15.hora.v1.ResponseType\x12\x14\n\x0ctensor_names\x18\x02 \x03(\t\x12\x16\n\x0eprocess_set_id\x18\x03 \x01(\x05\x12\x12\n\nfirst_dims\x18\x04 \x03(\x03\x12\x0e\n\x06splits\x18\x05 \x03(\x03\x12\x15\n\rerror_message\x18\x06 \x01(\t\x12&\n\nerror_kind\x18\x07 \x01(\x0e\x32\x12.hora.v1.ErrorKind\x12)\n\tjoin_fill\x18\x08 \x03(\x0b\x32\x16.hora.v1.TensorRequest\x12\x18\n\x10last_joined_rank\x18\t \x01(\x05\"4\n\x0cResponseList\x12$\n\tresponses\x18\x01 \x03(\x0b\x32\x11.hora.v1.Response\"\xc4\x01\n\x05\x45vent\x12 \n\x04type\x18\x01 \x01(\x0e\x32\x12.hora.v1.EventType\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x14\n\x0ctensor_names\x18\x07 \x03(\t\x12\x15\n\rmissing_ranks\x18\x08 \x03(\x05\x12\x0f\n\x07unix_ms\x18\t \x01(\x03\x12\r\n\x05ranks\x18\n \x03(\x05\"T\n\x15StreamHeartbeatAnswer\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.hora.v1.HeartbeatResponse\"\x9e\x01\n\x12\x43oordinatorMessage\x12*\n\tresponses\x18\x01 \x01(\x0b\x32\x15.hora.v1.ResponseListH\x00\x12\x1f\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x0e.hora.v1.EventH\x00\x12\x33\n\theartbeat\x18\x03 \x01(\x0b\x32\x1e.hora.v1.StreamHeartbeatAnswerH\x00\x42\x06\n\x04kind*\xbe\x01\n\x06OpType\x12\x17\n\x13OP_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11OP_TYPE_ALLREDUCE\x10\x01\x12\x15\n\x11OP_TYPE_ALLGATHER\x10\x02\x12\x15\n\x11OP_TYPE_BROADCAST\x10\x03\x12\x14\n\x10OP_TYPE_ALLTOALL\x10\x04\x12\x19\n\x15OP_TYPE_REDUCESCATTER\x10\x05\x12\x13\n\x0fOP_TYPE_BARRIER\x10\x06\x12\x10\n\x0cOP_TYPE_JOIN\x10\x07*\xa2\x01\n\x08ReduceOp\x12\x19\n\x15REDUCE_OP_UNSPECIFIED\x10\x00\x12\x15\n\x11REDUCE_OP_AVERAGE\x10\x01\x12\x11\n\rREDUCE_OP_SUM\x10\x02\x12\x14\n\x10REDUCE_OP_ADASUM\x10\x03\x12\x11\n\rREDUCE_OP_MIN\x10\x04\x12\x11\n\rREDUCE_OP_MAX\x10\x05\x12\x15\n\x11REDUCE_OP_PRODUCT\x10\x06*\x8d\x02\n\x0cResponseType\x12\x1d\n\x19RESPONSE_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n\x17RESPONSE_TYPE_ALLREDUCE\x10\x01\x12\x1b\n\x17RESPONSE_TYPE_ALLGATHER\x10\x02\x12\x1b\n\x17RESPONSE_TYPE_BROADCAST\x10\x03\x12\x1a\n\x16RESPONSE_TYPE_ALLTOALL\x10\x04\x12\x1f\n\x1bRESPONSE_TYPE_REDUCESCATTER\x10\x05\x12\x19\n\x15RESPONSE_TYPE_BARRIER\x10\x06\x12\x17\n\x13RESPONSE_TYPE_ERROR\x10\x07\x12\x16\n\x12RESPONSE_TYPE_JOIN\x10\x08*r\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45RROR_KIND_MISMATCH\x10\x01\x12\x18\n\x14\x45RROR_KIND_RANK_GONE\x10\x02\x12\x16\n\x12\x45RROR_KIND_INVALID\x10\x03*\x98\x01\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45VENT_TYPE_MEMBER_LOST\x10\x01\x12\x1a\n\x16\x45VENT_TYPE_MEMBER_LEFT\x10\x02\x12\x19\n\x15\x45VENT_TYPE_JOB_FAILED\x10\x03\x12\x1c\n\x18\x45VENT_TYPE_STALL_WARNING\x10\x04\x32\xfc\x01\n\x0bNegotiation\x12\x44\n\tNegotiate\x12\x16.hora.v1.WorkerMessage\x1a\x1b.hora.v1.CoordinatorMessage(\x01\x30\x01\x12N\n\rAddProcessSet\x12\x1d.hora.v1.AddProcessSetRequest\x1a\x1e.hora.v1.AddProcessSetResponse\x12W\n\x10RemoveProcessSet\x12 .hora.v1.RemoveProcessSetRequest\x1a!.hora.v1.RemoveProcessSetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fhora_proto/v1/negotiation.proto\x12\x07hora.v1\x1a\x1ehora_proto/v1/rendezvous.proto\"\x85\x01\n\x14\x41\x64\x64ProcessSetRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x16\n\x0eprocess_set_id\x18\x04 \x01(\x05\x12\r\n\x05ranks\x18\x05 \x03(\x05\x12\x0f\n\x07invalid\x18\x06 \x01(\t\"\x17\n\x15\x41\x64\x64ProcessSetResponse\"y\n\x17RemoveProcessSetRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x16\n\x0eprocess_set_id\x18\x04 \x01(\x05\x12\x0f\n\x07invalid\x18\x05 \x01(\t\"\x1a\n\x18RemoveProcessSetResponse\"\xdf\x02\n\rTensorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x07op_type\x18\x02 \x01(\x0e\x32\x0f.hora.v1.OpType\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12$\n\treduce_op\x18\x06 \x01(\x0e\x32\x11.hora.v1.ReduceOp\x12\x11\n\troot_rank\x18\x07 \x01(\x05\x12\x17\n\x0fprescale_factor\x18\x08 \x01(\x01\x12\x18\n\x10postscale_factor\x18\t \x01(\x01\x12\x16\n\x0eprocess_set_id\x18\n \x01(\x05\x12\x0e\n\x06splits\x18\x0b \x03(\x03\x12\x10\n\x08group_id\x18\x0c \x01(\x03\x12\x12\n\ngroup_size\x18\r \x01(\x05\x12\x0f\n\x07invalid\x18\x0e \x01(\t\x12\x0e\n\x06resent\x18\x0f \x01(\x08\x12\x15\n\rreceived_list\x18\x10 \x01(\x03\"7\n\x0bRequestList\x12(\n\x08requests\x18\x01 \x03(\x0b\x32\x16.hora.v1.TensorRequest\"c\n\rReceivedLists\x12\x16\n\x0eprocess_set_id\x18\x01 \x01(\x05\x12\x13\n\x0blast_number\x18\x02 \x01(\x03\x12%\n\x06recent\x18\x03 \x03(\x0b\x32\x15.hora.v1.ResponseList\"m\n\nStreamOpen\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12(\n\x08received\x18\x04 \x03(\x0b\x32\x16.hora.v1.ReceivedLists\"N\n\x0fStreamHeartbeat\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12)\n\ttelemetry\x18\x02 \x01(\x0b\x32\x16.hora.v1.RankTelemetry\"\x95\x01\n\rWorkerMessage\x12#\n\x04open\x18\x01 \x01(\x0b\x32\x13.hora.v1.StreamOpenH\x00\x12(\n\x08requests\x18\x02 \x01(\x0b\x32\x14.hora.v1.RequestListH\x00\x12-\n\theartbeat\x18\x03 \x01(\x0b\x32\x18.hora.v1.StreamHeartbeatH\x00\x42\x06\n\x04kind\"\x85\x02\n\x08Response\x12#\n\x04type\x18\x01 \x01(\x0e\x32\x15.hora.v1.ResponseType\x12\x14\n\x0ctensor_names\x18\x02 \x03(\t\x12\x16\n\x0eprocess_set_id\x18\x03 \x01(\x05\x12\x12\n\nfirst_dims\x18\x04 \x03(\x03\x12\x0e\n\x06splits\x18\x05 \x03(\x03\x12\x15\n\rerror_message\x18\x06 \x01(\t\x12&\n\nerror_kind\x18\x07 \x01(\x0e\x32\x12.hora.v1.ErrorKind\x12)\n\tjoin_fill\x18\x08 \x03(\x0b\x32\x16.hora.v1.TensorRequest\x12\x18\n\x10last_joined_rank\x18\t \x01(\x05\"D\n\x0cResponseList\x12$\n\tresponses\x18\x01 \x03(\x0b\x32\x11.hora.v1.Response\x12\x0e\n\x06number\x18\x02 \x01(\x03\"\xc4\x01\n\x05\x45vent\x12 \n\x04type\x18\x01 \x01(\x0e\x32\x12.hora.v1.EventType\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x14\n\x0ctensor_names\x18\x07 \x03(\t\x12\x15\n\rmissing_ranks\x18\x08 \x03(\x05\x12\x0f\n\x07unix_ms\x18\t \x01(\x03\x12\r\n\x05ranks\x18\n \x03(\x05\"T\n\x15StreamHeartbeatAnswer\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.hora.v1.HeartbeatResponse\"\x9e\x01\n\x12\x43oordinatorMessage\x12*\n\tresponses\x18\x01 \x01(\x0b\x32\x15.hora.v1.ResponseListH\x00\x12\x1f\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x0e.hora.v1.EventH\x00\x12\x33\n\theartbeat\x18\x03 \x01(\x0b\x32\x1e.hora.v1.StreamHeartbeatAnswerH\x00\x42\x06\n\x04kind*\xbe\x01\n\x06OpType\x12\x17\n\x13OP_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11OP_TYPE_ALLREDUCE\x10\x01\x12\x15\n\x11OP_TYPE_ALLGATHER\x10\x02\x12\x15\n\x11OP_TYPE_BROADCAST\x10\x03\x12\x14\n\x10OP_TYPE_ALLTOALL\x10\x04\x12\x19\n\x15OP_TYPE_REDUCESCATTER\x10\x05\x12\x13\n\x0fOP_TYPE_BARRIER\x10\x06\x12\x10\n\x0cOP_TYPE_JOIN\x10\x07*\xa2\x01\n\x08ReduceOp\x12\x19\n\x15REDUCE_OP_UNSPECIFIED\x10\x00\x12\x15\n\x11REDUCE_OP_AVERAGE\x10\x01\x12\x11\n\rREDUCE_OP_SUM\x10\x02\x12\x14\n\x10REDUCE_OP_ADASUM\x10\x03\x12\x11\n\rREDUCE_OP_MIN\x10\x04\x12\x11\n\rREDUCE_OP_MAX\x10\x05\x12\x15\n\x11REDUCE_OP_PRODUCT\x10\x06*\x8d\x02\n\x0cResponseType\x12\x1d\n\x19RESPONSE_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n\x17RESPONSE_TYPE_ALLREDUCE\x10\x01\x12\x1b\n\x17RESPONSE_TYPE_ALLGATHER\x10\x02\x12\x1b\n\x17RESPONSE_TYPE_BROADCAST\x10\x03\x12\x1a\n\x16RESPONSE_TYPE_ALLTOALL\x10\x04\x12\x1f\n\x1bRESPONSE_TYPE_REDUCESCATTER\x10\x05\x12\x19\n\x15RESPONSE_TYPE_BARRIER\x10\x06\x12\x17\n\x13RESPONSE_TYPE_ERROR\x10\x07\x12\x16\n\x12RESPONSE_TYPE_JOIN\x10\x08*r\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45RROR_KIND_MISMATCH\x10\x01\x12\x18\n\x14\x45RROR_KIND_RANK_GONE\x10\x02\x12\x16\n\x12\x45RROR_KIND_INVALID\x10\x03*\x98\x01\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45VENT_TYPE_MEMBER_LOST\x10\x01\x12\x1a\n\x16\x45VENT_TYPE_MEMBER_LEFT\x10\x02\x12\x19\n\x15\x45VENT_TYPE_JOB_FAILED\x10\x03\x12\x1c\n\x18\x45VENT_TYPE_STALL_WARNING\x10\x04\x32\xfc\x01\n\x0bNegotiation\x12\x44\n\tNegotiate\x12\x16.hora.v1.WorkerMessage\x1a\x1b.hora.v1.CoordinatorMessage(\x01\x30\x01\x12N\n\rAddProcessSet\x12\x1d.hora.v1.AddProcessSetRequest\x1a\x1e.hora.v1.AddProcessSetResponse\x12W\n\x10RemoveProcessSet\x12 .hora.v1.RemoveProcessSetRequest\x1a!.hora.v1.RemoveProcessSetResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hora_proto.v1.negotiation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPTYPE']._serialized_start=1826
-  _globals['_OPTYPE']._serialized_end=2016
-  _globals['_REDUCEOP']._serialized_start=2019
-  _globals['_REDUCEOP']._serialized_end=2181
-  _globals['_RESPONSETYPE']._serialized_start=2184
-  _globals['_RESPONSETYPE']._serialized_end=2453
-  _globals['_ERRORKIND']._serialized_start=2455
-  _globals['_ERRORKIND']._serialized_end=2569
-  _globals['_EVENTTYPE']._serialized_start=2572
-  _globals['_EVENTTYPE']._serialized_end=2724
+  _globals['_OPTYPE']._serialized_start=2024
+  _globals['_OPTYPE']._serialized_end=2214
+  _globals['_REDUCEOP']._serialized_start=2217
+  _globals['_REDUCEOP']._serialized_end=2379
+  _globals['_RESPONSETYPE']._serialized_start=2382
+  _globals['_RESPONSETYPE']._serialized_end=2651
+  _globals['_ERRORKIND']._serialized_start=2653
+  _globals['_ERRORKIND']._serialized_end=2767
+  _globals['_EVENTTYPE']._serialized_start=2770
+  _globals['_EVENTTYPE']._serialized_end=2922
   _globals['_ADDPROCESSSETREQUEST']._serialized_start=77
   _globals['_ADDPROCESSSETREQUEST']._serialized_end=210
   _globals['_ADDPROCESSSETRESPONSE']._serialized_start=212
@@ -51,25 +51,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REMOVEPROCESSSETRESPONSE']._serialized_start=360
   _globals['_REMOVEPROCESSSETRESPONSE']._serialized_end=386
   _globals['_TENSORREQUEST']._serialized_start=389
-  _globals['_TENSORREQUEST']._serialized_end=701
-  _globals['_REQUESTLIST']._serialized_start=703
-  _globals['_REQUESTLIST']._serialized_end=758
-  _globals['_STREAMOPEN']._serialized_start=760
-  _globals['_STREAMOPEN']._serialized_end=827
-  _globals['_STREAMHEARTBEAT']._serialized_start=829
-  _globals['_STREAMHEARTBEAT']._serialized_end=907
-  _globals['_WORKERMESSAGE']._serialized_start=910
-  _globals['_WORKERMESSAGE']._serialized_end=1059
-  _globals['_RESPONSE']._serialized_start=1062
-  _globals['_RESPONSE']._serialized_end=1323
-  _globals['_RESPONSELIST']._serialized_start=1325
-  _globals['_RESPONSELIST']._serialized_end=1377
-  _globals['_EVENT']._serialized_start=1380
-  _globals['_EVENT']._serialized_end=1576
-  _globals['_STREAMHEARTBEATANSWER']._serialized_start=1578
-  _globals['_STREAMHEARTBEATANSWER']._serialized_end=1662
-  _globals['_COORDINATORMESSAGE']._serialized_start=1665
-  _globals['_COORDINATORMESSAGE']._serialized_end=1823
-  _globals['_NEGOTIATION']._serialized_start=2727
-  _globals['_NEGOTIATION']._serialized_end=2979
+  _globals['_TENSORREQUEST']._serialized_end=740
+  _globals['_REQUESTLIST']._serialized_start=742
+  _globals['_REQUESTLIST']._serialized_end=797
+  _globals['_RECEIVEDLISTS']._serialized_start=799
+  _globals['_RECEIVEDLISTS']._serialized_end=898
+  _globals['_STREAMOPEN']._serialized_start=900
+  _globals['_STREAMOPEN']._serialized_end=1009
+  _globals['_STREAMHEARTBEAT']._serialized_start=1011
+  _globals['_STREAMHEARTBEAT']._serialized_end=1089
+  _globals['_WORKERMESSAGE']._serialized_start=1092
+  _globals['_WORKERMESSAGE']._serialized_end=1241
+  _globals['_RESPONSE']._serialized_start=1244
+  _globals['_RESPONSE']._serialized_end=1505
+  _globals['_RESPONSELIST']._serialized_start=1507
+  _globals['_RESPONSELIST']._serialized_end=1575
+  _globals['_EVENT']._serialized_start=1578
+  _globals['_EVENT']._serialized_end=1774
+  _globals['_STREAMHEARTBEATANSWER']._serialized_start=1776
+  _globals['_STREAMHEARTBEATANSWER']._serialized_end=1860
+  _globals['_COORDINATORMESSAGE']._serialized_start=1863
+  _globals['_COORDINATORMESSAGE']._serialized_end=2021
+  _globals['_NEGOTIATION']._serialized_start=2925
+  _globals['_NEGOTIATION']._serialized_end=3177
 # @@protoc_insertion_point(module_scope)

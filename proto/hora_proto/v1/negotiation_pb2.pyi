@@ -128,7 +128,7 @@ class RemoveProcessSetResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class TensorRequest(_message.Message):
-    __slots__ = ("name", "op_type", "dtype", "shape", "device", "reduce_op", "root_rank", "prescale_factor", "postscale_factor", "process_set_id", "splits", "group_id", "group_size", "invalid")
+    __slots__ = ("name", "op_type", "dtype", "shape", "device", "reduce_op", "root_rank", "prescale_factor", "postscale_factor", "process_set_id", "splits", "group_id", "group_size", "invalid", "resent", "received_list")
     NAME_FIELD_NUMBER: _ClassVar[int]
     OP_TYPE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,8 @@ class TensorRequest(_message.Message):
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     INVALID_FIELD_NUMBER: _ClassVar[int]
+    RESENT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_LIST_FIELD_NUMBER: _ClassVar[int]
     name: str
     op_type: OpType
     dtype: str
@@ -157,7 +159,9 @@ class TensorRequest(_message.Message):
     group_id: int
     group_size: int
     invalid: str
-    def __init__(self, name: _Optional[str] = ..., op_type: _Optional[_Union[OpType, str]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., reduce_op: _Optional[_Union[ReduceOp, str]] = ..., root_rank: _Optional[int] = ..., prescale_factor: _Optional[float] = ..., postscale_factor: _Optional[float] = ..., process_set_id: _Optional[int] = ..., splits: _Optional[_Iterable[int]] = ..., group_id: _Optional[int] = ..., group_size: _Optional[int] = ..., invalid: _Optional[str] = ...) -> None: ...
+    resent: bool
+    received_list: int
+    def __init__(self, name: _Optional[str] = ..., op_type: _Optional[_Union[OpType, str]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., reduce_op: _Optional[_Union[ReduceOp, str]] = ..., root_rank: _Optional[int] = ..., prescale_factor: _Optional[float] = ..., postscale_factor: _Optional[float] = ..., process_set_id: _Optional[int] = ..., splits: _Optional[_Iterable[int]] = ..., group_id: _Optional[int] = ..., group_size: _Optional[int] = ..., invalid: _Optional[str] = ..., resent: _Optional[bool] = ..., received_list: _Optional[int] = ...) -> None: ...
 
 class RequestList(_message.Message):
     __slots__ = ("requests",)
@@ -165,15 +169,27 @@ class RequestList(_message.Message):
     requests: _containers.RepeatedCompositeFieldContainer[TensorRequest]
     def __init__(self, requests: _Optional[_Iterable[_Union[TensorRequest, _Mapping]]] = ...) -> None: ...
 
+class ReceivedLists(_message.Message):
+    __slots__ = ("process_set_id", "last_number", "recent")
+    PROCESS_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    process_set_id: int
+    last_number: int
+    recent: _containers.RepeatedCompositeFieldContainer[ResponseList]
+    def __init__(self, process_set_id: _Optional[int] = ..., last_number: _Optional[int] = ..., recent: _Optional[_Iterable[_Union[ResponseList, _Mapping]]] = ...) -> None: ...
+
 class StreamOpen(_message.Message):
-    __slots__ = ("job_id", "worker_id", "generation")
+    __slots__ = ("job_id", "worker_id", "generation", "received")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: str
     generation: int
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    received: _containers.RepeatedCompositeFieldContainer[ReceivedLists]
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., received: _Optional[_Iterable[_Union[ReceivedLists, _Mapping]]] = ...) -> None: ...
 
 class StreamHeartbeat(_message.Message):
     __slots__ = ("sequence", "telemetry")
@@ -216,10 +232,12 @@ class Response(_message.Message):
     def __init__(self, type: _Optional[_Union[ResponseType, str]] = ..., tensor_names: _Optional[_Iterable[str]] = ..., process_set_id: _Optional[int] = ..., first_dims: _Optional[_Iterable[int]] = ..., splits: _Optional[_Iterable[int]] = ..., error_message: _Optional[str] = ..., error_kind: _Optional[_Union[ErrorKind, str]] = ..., join_fill: _Optional[_Iterable[_Union[TensorRequest, _Mapping]]] = ..., last_joined_rank: _Optional[int] = ...) -> None: ...
 
 class ResponseList(_message.Message):
-    __slots__ = ("responses",)
+    __slots__ = ("responses", "number")
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
     responses: _containers.RepeatedCompositeFieldContainer[Response]
-    def __init__(self, responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ...) -> None: ...
+    number: int
+    def __init__(self, responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., number: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("type", "generation", "rank", "host", "pid", "message", "tensor_names", "missing_ranks", "unix_ms", "ranks")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InvalidRequestError, RankGoneError
 from ..messages import ErrorKind, OpType, Response, ResponseList, TensorRequest
+from .deliveries import Deliveries
 from .pending import PendingTensor, SetMembers
 from .responses import (
     Ready,
@@ -90,6 +91,8 @@ class NegotiationTable:
         self._removed: dict[int, tuple[int, ...]] = {}
         # AddProcessSet / RemoveProcessSet calls waiting for the other ranks.
         self.set_calls = SetCalls(size)
+        # The numbered lists each set was sent (re-sent to a rank that missed some).
+        self.deliveries = Deliveries()
 
     # ---- process sets --------------------------------------------------------------
 

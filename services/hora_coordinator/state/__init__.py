@@ -79,7 +79,7 @@ from .process_sets import (
 )
 from .rendezvous import abandoned, cancel_join, join
 from .restore import reattach, restore_job
-from .streams import handle_requests, open_stream
+from .streams import handle_requests, open_stream, redeliver
 from .telemetry import RankTelemetry, Sample, StragglerSummary, is_straggler, job_rates, stragglers
 from .views import (
     HeartbeatReply,
@@ -146,6 +146,7 @@ __all__ = [
     "leave",
     "new_job",
     "open_stream",
+    "redeliver",
     "order_joiners",
     "plan_leases",
     "reattach",

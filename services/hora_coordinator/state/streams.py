@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 
 from ..errors import JobFailedError, PreconditionError, StaleGenerationError, shown_id
-from ..messages import CoordinatorMessage, ErrorKind, Response, ResponseType, TensorRequest
-from .effects import Effect, Send, responses_message
+from ..messages import (
+    CoordinatorMessage,
+    ErrorKind,
+    ReceivedLists,
+    Response,
+    ResponseType,
+    TensorRequest,
+)
+from .effects import Effect, Log, Send, responses_message
 from .job import Job, JobPhase, Member, MemberState
 
 __all__ = [
     "active_member",
     "handle_requests",
     "open_stream",
+    "redeliver",
 ]
 
 
@@ -89,6 +98,9 @@ def handle_requests(
         job.errors += len(responses)
         return [Send((worker_id,), responses_message(responses))]
     member.last_heartbeat = now
+    deliveries = job.table.deliveries
+    if deliveries.watching:  # only after a re-sent list: off the usual hot path
+        requests = [r for r in requests if not deliveries.stale(member.rank, r)]
     outcome = job.table.submit(member.rank, requests, now)
     job.negotiated_tensors += outcome.negotiated
     job.errors += outcome.errors
@@ -97,11 +109,45 @@ def handle_requests(
         effects.append(Send((worker_id,), responses_message(outcome.direct)))
     members = job.members
     for pset, response_list in outcome.broadcasts:
-        recipients = tuple(
-            members[r].worker_id for r in pset.ranks if members[r].state is MemberState.ACTIVE
-        )
-        effects.append(Send(recipients, CoordinatorMessage(responses=response_list)))
+        ranks = [r for r in pset.ranks if members[r].state is MemberState.ACTIVE]
+        numbered = deliveries.number(pset.id, ranks, response_list)
+        recipients = tuple(members[r].worker_id for r in ranks)
+        effects.append(Send(recipients, CoordinatorMessage(responses=numbered)))
     for rank, responses in outcome.targeted.items():
         if members[rank].state is MemberState.ACTIVE:
             effects.append(Send((members[rank].worker_id,), responses_message(responses)))
+    return effects
+
+
+def redeliver(job: Job, member: Member, received: Iterable[ReceivedLists]) -> list[Effect]:
+    """A member opened its stream (again) and reported the lists it received:
+    re-sends, in order, every numbered list some reporting member lacks
+    (:mod:`..negotiation.deliveries`), and withdraws from the table the
+    requests those lists answer on that member (sent again before they came)."""
+    table = job.table
+    member_of = [s.id for s in table.process_sets.values() if member.rank in s.members]
+    effects: list[Effect] = []
+    for redelivery in table.deliveries.report(member.rank, member_of, received):
+        target = job.members[redelivery.rank]
+        if target.state is not MemberState.ACTIVE:
+            continue
+        if redelivery.lost:
+            effects.append(Log(logging.WARNING, (
+                f"job '{job.job_id}' generation {job.generation}: {target.describe()} missed "
+                f"response list(s) {list(redelivery.lost)}, which no member holds any more; "
+                f"its pending collectives may stall")))
+            continue
+        for numbered in redelivery.lists:
+            for response in numbered.responses:
+                for name in response.tensor_names:
+                    pending = table.pending.get((response.process_set_id, name))
+                    if pending is not None and pending.submissions.pop(
+                            target.rank, None) is not None:
+                        if not pending.submissions:
+                            del table.pending[(response.process_set_id, name)]
+            effects.append(Send((target.worker_id,), CoordinatorMessage(responses=numbered)))
+        effects.append(Log(logging.WARNING, (
+            f"job '{job.job_id}' generation {job.generation}: redelivered response list(s) "
+            f"{[n.number for n in redelivery.lists]} to {target.describe()}, which had missed "
+            f"them (the coordinator went away mid-delivery)")))
     return effects
