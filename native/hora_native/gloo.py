@@ -1,5 +1,8 @@
 """Gloo: the CPU data plane, through torch.distributed's ProcessGroupGloo.
 
+Gloo's listening socket is closed as soon as the group is built (every
+pair is connected by then): see :mod:`.gloo_listener`.
+
 The process group is built directly (not as torch.distributed's default
 group), so a job can tear one generation down and build the next in the
 same process, and a user's own torch.distributed setup is left alone.
@@ -13,6 +16,7 @@ import torch.distributed as dist
 
 from ._pg import ProcessGroupBackend
 from .base import BackendError
+from .gloo_listener import addresses_of, check_eager, close_new_listeners, listening_sockets
 
 __all__ = ["GlooBackend"]
 
@@ -33,6 +37,11 @@ class GlooBackend(ProcessGroupBackend):
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
                  address: str = "127.0.0.1") -> None:
+        try:
+            check_eager()
+        except ValueError as exc:
+            raise BackendError(f"gloo: {exc}") from exc
+        before = listening_sockets()
         opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
         opts._timeout = timeout
@@ -40,4 +49,6 @@ class GlooBackend(ProcessGroupBackend):
             pg = dist.ProcessGroupGloo(store, rank, size, opts)
         except RuntimeError as exc:
             raise BackendError(f"gloo: could not connect rank {rank} of {size}: {exc}") from exc
+        # Every pair is connected now: the listener would only serve strangers.
+        close_new_listeners(before, addresses_of(address))
         super().__init__(pg, rank, size)

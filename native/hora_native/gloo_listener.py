@@ -1,0 +1,138 @@
+"""Closing the listening socket Gloo leaves open once its pairs are connected.
+
+torch's ProcessGroupGloo builds a tcp ``Device`` that listens on an
+ephemeral port, connects every pair of the group through it (eagerly:
+hora never sets ``TORCH_GLOO_LAZY_INIT``, see :func:`check_eager`), and then
+keeps listening for the life of the group. That listener checks nothing and
+keeps every socket it accepts until it reads a sequence number, so a
+stranger who only opens and closes connections to it exhausts the worker's
+file descriptors and Gloo aborts the process (issue 25, finding 1).
+
+Gloo has no call to stop listening, so :func:`close_new_listeners` replaces
+the listening socket under Gloo's feet: ``dup2`` puts a placeholder on the
+listener's file descriptor, which closes the real socket in the kernel (the
+port refuses new connections from then on, and the epoll set Gloo's loop
+waits on drops it). The placeholder is a non-blocking listening Unix socket
+whose path is unlinked at once: nobody can connect to it, so Gloo's loop,
+should it be inside its accept loop at that instant, reads ``EAGAIN`` and
+returns, and the epoll set never reports it. Gloo closes the placeholder
+when the group is destroyed, as it would have closed its listener.
+
+What this does not close: the set-up window itself. Between the moment a
+rank's device listens and the moment its pairs are connected, a stranger who
+finds the port can connect and send the sequence number a pair waits for
+(small, predictable integers) and take that peer's place. Gloo's pair
+connection carries no proof, so hora cannot refuse such a connection; the
+real peer's connection is then never used and the group's first collective
+fails or times out. The window lasts from the device's creation until the
+slowest rank of the group has connected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+
+__all__ = ["LAZY_INIT_VARIABLE", "addresses_of", "check_eager", "close_new_listeners",
+           "listening_sockets"]
+
+log = logging.getLogger("hora")
+
+#: torch's switch that connects Gloo pairs at their first use instead of at set-up.
+LAZY_INIT_VARIABLE = "TORCH_GLOO_LAZY_INIT"
+
+
+def check_eager() -> None:
+    """Raises ValueError when ``TORCH_GLOO_LAZY_INIT`` asks Gloo to connect pairs lazily.
+
+    Lazily connected pairs need Gloo's listener for the whole job, which is
+    exactly what hora closes after set-up.
+    """
+    value = os.environ.get(LAZY_INIT_VARIABLE, "").strip().lower()
+    if value not in ("", "0", "false", "no", "off"):
+        raise ValueError(
+            f"{LAZY_INIT_VARIABLE}={os.environ[LAZY_INIT_VARIABLE]!r}: hora connects Gloo's "
+            f"pairs at set-up and closes Gloo's listener after, so that strangers cannot "
+            f"reach it; unset {LAZY_INIT_VARIABLE} for hora's workers")
+
+
+def addresses_of(host: str) -> set[str]:
+    """The IP addresses ``host`` (a name or an address) stands for, and ``host`` itself."""
+    found = {host}
+    try:
+        found.update(str(info[4][0]) for info in socket.getaddrinfo(host, None))
+    except OSError:
+        pass
+    return found
+
+
+def listening_sockets() -> dict[int, tuple[int, tuple[str, int]]]:
+    """This process's listening TCP sockets: fd -> (inode, local address)."""
+    found: dict[int, tuple[int, tuple[str, int]]] = {}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor, say)
+        if not target.startswith("socket:["):
+            continue
+        inode = int(target[len("socket:["):-1])
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and \
+                    sock.type == socket.SOCK_STREAM and \
+                    sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                found[fd] = (inode, sock.getsockname()[:2])
+        except OSError:
+            pass
+        finally:
+            sock.detach()  # the descriptor belongs to whoever opened it
+    return found
+
+
+def close_new_listeners(before: dict[int, tuple[int, tuple[str, int]]],
+                        hosts: set[str]) -> list[tuple[str, int]]:
+    """Closes the listening sockets opened since ``before`` on one of ``hosts``.
+
+    Args:
+        before: :func:`listening_sockets` taken before the group was built.
+        hosts: the IP addresses Gloo's device listens on; a listener other
+            code opened meanwhile on another address is left alone.
+
+    Returns:
+        The addresses closed.
+    """
+    closed = []
+    for fd, (inode, address) in listening_sockets().items():
+        if before.get(fd, (None,))[0] == inode or address[0] not in hosts:
+            continue
+        with _placeholder() as placeholder:
+            os.dup2(placeholder.fileno(), fd, inheritable=False)
+        closed.append(address)
+    if closed:
+        log.debug("gloo: closed the listener(s) at %s after set-up",
+                  ", ".join(f"{host}:{port}" for host, port in closed))
+    return closed
+
+
+@contextlib.contextmanager
+def _placeholder() -> Iterator[socket.socket]:
+    """A non-blocking listening Unix socket nobody can connect to (its path is gone)."""
+    with tempfile.TemporaryDirectory(prefix="hora-gloo-") as where:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(os.path.join(where, "l"))
+            sock.listen(1)
+            sock.setblocking(False)
+            os.unlink(os.path.join(where, "l"))
+            yield sock
+        finally:
+            sock.close()
