@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ._pg import ProcessGroupBackend
 from .base import BackendError
-from .gloo_listener import addresses_of, check_eager, close_new_listeners, listening_sockets
+from .gloo_listener import check_eager, closing_listeners
 
 __all__ = ["GlooBackend"]
 
@@ -41,14 +41,17 @@ class GlooBackend(ProcessGroupBackend):
             check_eager()
         except ValueError as exc:
             raise BackendError(f"gloo: {exc}") from exc
-        before = listening_sockets()
-        opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
-        opts._timeout = timeout
-        try:
-            pg = dist.ProcessGroupGloo(store, rank, size, opts)
-        except RuntimeError as exc:
-            raise BackendError(f"gloo: could not connect rank {rank} of {size}: {exc}") from exc
-        # Every pair is connected now: the listener would only serve strangers.
-        close_new_listeners(before, addresses_of(address))
+        # Every pair is connected once the group is built: from then on the
+        # listener would only serve strangers, so it is closed on the way out.
+        with closing_listeners(address) as closed:
+            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+            opts._timeout = timeout
+            try:
+                pg = dist.ProcessGroupGloo(store, rank, size, opts)
+            except RuntimeError as exc:
+                raise BackendError(
+                    f"gloo: could not connect rank {rank} of {size}: {exc}") from exc
         super().__init__(pg, rank, size)
+        #: The listening addresses closed after set-up (for tests and logs).
+        self.closed_listeners = closed

@@ -35,10 +35,11 @@ import logging
 import os
 import socket
 import tempfile
+import threading
 from collections.abc import Iterator
 
 __all__ = ["LAZY_INIT_VARIABLE", "addresses_of", "check_eager", "close_new_listeners",
-           "listening_sockets"]
+           "closing_listeners", "listening_sockets"]
 
 log = logging.getLogger("hora")
 
@@ -58,6 +59,50 @@ def check_eager() -> None:
             f"{LAZY_INIT_VARIABLE}={os.environ[LAZY_INIT_VARIABLE]!r}: hora connects Gloo's "
             f"pairs at set-up and closes Gloo's listener after, so that strangers cannot "
             f"reach it; unset {LAZY_INIT_VARIABLE} for hora's workers")
+
+
+class _Building:
+    """The groups this process is building now, and what listened before the first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.before: dict[int, tuple[int, tuple[str, int]]] = {}
+        self.hosts: set[str] = set()
+
+
+_building = _Building()
+
+
+@contextlib.contextmanager
+def closing_listeners(address: str) -> Iterator[list[tuple[str, int]]]:
+    """Closes, on leaving, the listeners Gloo opened on ``address`` meanwhile.
+
+    Wrap the construction of a ProcessGroupGloo in it. When several threads
+    build groups at once (ranks of one group in one process, in tests), the
+    listeners are closed when the last construction ends: one group's
+    listener must not vanish while another group still connects its pairs
+    through it. A construction that fails leaves nothing to close (Gloo's
+    device is gone with it).
+
+    Yields:
+        A list that receives the addresses closed, if this construction was
+        the last to end (else it stays empty).
+    """
+    with _building.lock:
+        if _building.count == 0:
+            _building.before = listening_sockets()
+            _building.hosts = set()
+        _building.count += 1
+        _building.hosts |= addresses_of(address)
+    closed: list[tuple[str, int]] = []
+    try:
+        yield closed
+    finally:
+        with _building.lock:
+            _building.count -= 1
+            if _building.count == 0:
+                closed += close_new_listeners(_building.before, _building.hosts)
 
 
 def addresses_of(host: str) -> set[str]:
