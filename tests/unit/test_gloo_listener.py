@@ -110,14 +110,14 @@ def test_generations_and_subgroups_build_use_and_close_without_leaking():
         world = build(3, f"gen{generation}/", store)
         subgroup = build(2, f"gen{generation}/set1/", store)
         values = [torch.ones(3) for _ in range(5)]
-        run([lambda r=r: world[r].allreduce(values[r], ReduceKind.SUM) for r in range(3)]
-            + [lambda r=r: subgroup[r].allreduce(values[3 + r], ReduceKind.MAX)
+        run([lambda b=world[r], v=values[r]: b.allreduce(v, ReduceKind.SUM) for r in range(3)]
+            + [lambda b=subgroup[r], v=values[3 + r]: b.allreduce(v, ReduceKind.MAX)
                for r in range(2)])
         assert [v.tolist() for v in values] == [[3.0] * 3] * 3 + [[1.0] * 3] * 2
         assert not loopback_listeners() - before
         for backend in world + subgroup:
             backend.close()
-        del world, subgroup
+        world = subgroup = []
     # Gloo closed its placeholders with its devices: nothing accumulates.
     assert open_fds() <= start + 8, os.listdir("/proc/self/fd")
 

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from hora_native import mesh_handshake as hs
