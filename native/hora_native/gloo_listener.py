@@ -22,10 +22,13 @@ What this does not close: the set-up window itself. Between the moment a
 rank's device listens and the moment its pairs are connected, a stranger who
 finds the port can connect and send the sequence number a pair waits for
 (small, predictable integers) and take that peer's place. Gloo's pair
-connection carries no proof, so hora cannot refuse such a connection; the
-real peer's connection is then never used and the group's first collective
-fails or times out. The window lasts from the device's creation until the
-slowest rank of the group has connected.
+connection carries no proof, so hora cannot refuse such a connection. The
+rank paired with the stranger may then take in the stranger's bytes, and
+the real peer's connection is never read, so we expect (not tested) that
+the peer's first collective times out and the job fails. The window lasts
+from the device's creation until the slowest rank of the group has
+connected. Closing it needs authenticated pairs in Gloo, or hora's own
+transport for the cross-host collectives.
 """
 
 from __future__ import annotations

@@ -112,6 +112,7 @@ def test_a_strangers_flood_of_every_worker_port_neither_fails_nor_corrupts_the_j
     results = [json.loads(line.split("RESULT ", 1)[1])
                for line in job.stdout.splitlines() if "RESULT " in line]
     assert sorted(r["rank"] for r in results) == [0, 1], job.stdout[-3000:]
+    print(f"stranger: {flood}; workers: {results}")  # the figures, shown with -s
     for result in results:
         assert result["bad"] == [], result
         assert result["limit"] == 1024
