@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ssh_hosts import SshdError, SshHosts, SshHostsUnavailable, missing_tools
+from ssh_hosts import SshHosts, missing_tools, running_hosts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("netns_root")]
 
@@ -70,18 +70,12 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHosts]:
     if missing:
         pytest.skip(f"!!! SKIPPED data-plane flood test: missing {', '.join(missing)}; "
                     f"run `make hosts-deps` as root !!!")
-    cluster = SshHosts(tmp_path_factory.mktemp("flood-hosts"), count=2)
-    try:
-        cluster.start()
-    except SshHostsUnavailable as exc:
-        pytest.skip(f"!!! SKIPPED data-plane flood test: no network namespaces: {exc} !!!")
-    except SshdError:
-        cluster.close()
-        raise
-    try:
+
+    def skip(why: str) -> None:
+        pytest.skip(f"!!! SKIPPED data-plane flood test: no network namespaces: {why} !!!")
+
+    with running_hosts(tmp_path_factory.mktemp("flood-hosts"), 2, skip) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.mark.timeout(120)
