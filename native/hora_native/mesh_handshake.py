@@ -90,6 +90,8 @@ def connect_peer(address: tuple[str, int], token: str, context: str, size: int, 
         try:
             return _connect_once(address, token, context, size, rank, peer,
                                  deadline - time.monotonic())
+        except ConnectionRefusedError:
+            raise  # nobody listens there (any more): the peer is gone
         except ConnectionError:
             # Reset or closed during the handshake: strangers crowded the
             # acceptor's pending handshakes and evicted this one. Try again.
