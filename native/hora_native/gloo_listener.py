@@ -119,30 +119,44 @@ def addresses_of(host: str) -> set[str]:
 
 
 def listening_sockets() -> dict[int, tuple[int, tuple[str, int]]]:
-    """This process's listening TCP sockets: fd -> (inode, local address)."""
+    """This process's listening TCP sockets: fd -> (inode, local address).
+
+    Read from ``/proc`` only: no socket object is made over another owner's
+    descriptor (which could change its blocking mode).
+    """
+    listening = _listening_inodes()
     found: dict[int, tuple[int, tuple[str, int]]] = {}
     for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue  # closed meanwhile (the listing's own descriptor, say)
-        if not target.startswith("socket:["):
-            continue
-        inode = int(target[len("socket:["):-1])
+        if target.startswith("socket:["):
+            inode = int(target[len("socket:["):-1])
+            if inode in listening:
+                found[int(name)] = (inode, listening[inode])
+    return found
+
+
+def _listening_inodes() -> dict[int, tuple[str, int]]:
+    """Listening TCP sockets of this network namespace: inode -> local address."""
+    found: dict[int, tuple[str, int]] = {}
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
         try:
-            sock = socket.socket(fileno=fd)
+            with open(f"/proc/self/net/{table}", encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
         except OSError:
-            continue
-        try:
-            if sock.family in (socket.AF_INET, socket.AF_INET6) and \
-                    sock.type == socket.SOCK_STREAM and \
-                    sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                found[fd] = (inode, sock.getsockname()[:2])
-        except OSError:
-            pass
-        finally:
-            sock.detach()  # the descriptor belongs to whoever opened it
+            continue  # no IPv6 in this kernel, say
+        for row in rows:
+            # sl, local (hex address:port), remote, state (0A: listen), ..., inode (10th)
+            fields = row.split()
+            if fields[3] != "0A":
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)
+            # The kernel prints the address as 32-bit words in host order.
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            found[int(fields[9])] = (socket.inet_ntop(family, raw), int(port, 16))
     return found
 
 
