@@ -18,9 +18,14 @@ nonces, another generation or another job. The engine always has a token:
 the coordinator replaces an empty one by a random one, and a world of one,
 the only world without a coordinator, has no mesh.
 
-The acceptor handles every connection at once on non-blocking sockets, each
-with its own deadline: a stranger that connects and says nothing is dropped
-at its deadline without delaying the ranks. Each refused connection is
+The acceptor handles every connection at once on non-blocking sockets
+(through :mod:`selectors`, so descriptors above 1024 work), each with its
+own deadline: a stranger that connects and says nothing is dropped at its
+deadline without delaying the ranks. At most :data:`MAX_PENDING`
+connections prove themselves at once; a newer one evicts the oldest, so a
+flood of silent strangers holds a bounded number of sockets, and a real
+rank whose connection was evicted connects again (:func:`connect_peer`
+retries a connection the acceptor closed, until the set-up's deadline). Each refused connection is
 closed and logged as one warning naming its address and the reason;
 repeated refusals of the same kind from one host are counted, not logged
 one by one.
@@ -32,7 +37,7 @@ import hashlib
 import hmac
 import logging
 import secrets
-import select
+import selectors
 import socket
 import struct
 import time
@@ -42,7 +47,7 @@ from hora_proto.refusals import RefusalLog
 
 from .base import BackendError
 
-__all__ = ["HANDSHAKE_TIMEOUT", "MAGIC", "accept_peers", "connect_peer", "proof"]
+__all__ = ["HANDSHAKE_TIMEOUT", "MAGIC", "MAX_PENDING", "accept_peers", "connect_peer", "proof"]
 
 log = logging.getLogger("hora")
 
@@ -50,6 +55,10 @@ MAGIC = b"hora-mesh/1\n"
 NONCE_BYTES = 32
 #: The longest an accepted connection may take to prove itself (seconds).
 HANDSHAKE_TIMEOUT = 10.0
+#: The most accepted connections proving themselves at once; a newer one evicts the oldest.
+MAX_PENDING = 64
+# How long a connector waits before connecting again after the acceptor dropped it (s).
+_RETRY_PAUSE = 0.05
 # Acceptor to connector: magic, nonce a.
 _CHALLENGE = struct.Struct(f"<{len(MAGIC)}s{NONCE_BYTES}s")
 # Connector to acceptor: magic, connector's rank, nonce c, MAC.
@@ -76,6 +85,23 @@ def connect_peer(address: tuple[str, int], token: str, context: str, size: int, 
         OSError: the connection failed or timed out.
         BackendError: the other end is not ``peer`` of this job (it failed the proof).
     """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _connect_once(address, token, context, size, rank, peer,
+                                 deadline - time.monotonic())
+        except ConnectionRefusedError:
+            raise  # nobody listens there (any more): the peer is gone
+        except ConnectionError:
+            # Reset or closed during the handshake: strangers crowded the
+            # acceptor's pending handshakes and evicted this one. Try again.
+            if time.monotonic() + _RETRY_PAUSE >= deadline:
+                raise
+            time.sleep(_RETRY_PAUSE)
+
+
+def _connect_once(address: tuple[str, int], token: str, context: str, size: int, rank: int,
+                  peer: int, timeout: float) -> socket.socket:
     where = f"rank {peer}'s mesh port {address[0]}:{address[1]}"
     if timeout <= 0:
         raise TimeoutError(f"no time was left to connect to {where}")
@@ -151,45 +177,69 @@ def accept_peers(listener: socket.socket, token: str, context: str, size: int, r
     """
     listener.setblocking(False)
     peers: dict[int, socket.socket] = {}
+    # Insertion-ordered: the first entry is the oldest, evicted when crowded.
     waiting: dict[socket.socket, _Handshake] = {}
+    ready = selectors.DefaultSelector()
+    ready.register(listener, selectors.EVENT_READ)
     try:
         while len(peers) < len(expected):
             now = time.monotonic()
             for hs in [hs for hs in waiting.values() if hs.deadline <= now]:
-                del waiting[hs.conn]
+                _drop(ready, waiting, hs)
                 _refuse(hs, "silent", f"sent no valid proof within {handshake_timeout:g} s")
             if now >= deadline:
                 raise TimeoutError(f"rank(s) {sorted(expected - peers.keys())} did not "
                                    f"connect to rank {rank}'s mesh port in time")
             wake = min([deadline, *(hs.deadline for hs in waiting.values())])
-            readable, _, _ = select.select([listener, *waiting], [], [], max(0.0, wake - now))
-            for conn in readable:
+            for key, _events in ready.select(max(0.0, wake - now)):
+                conn = key.fileobj
                 if conn is listener:
-                    _accept_all(listener, waiting, handshake_timeout)
+                    _accept_all(listener, ready, waiting, handshake_timeout)
                     continue
+                if conn not in waiting:
+                    continue  # evicted by a newer connection in this round
                 hs = waiting[conn]
                 peer = _read_proof(hs, token, context, size, rank, expected, peers)
                 if peer is not None:
-                    del waiting[conn]
+                    _drop(ready, waiting, hs)
                     if peer >= 0:
-                        peers[peer] = conn
+                        peers[peer] = hs.conn
     except BaseException:
         for conn in peers.values():
             conn.close()
         raise
     finally:
+        ready.close()
         for hs in waiting.values():
             _refuse(hs, "late", "still proving itself when every rank had connected")
     return peers
 
 
-def _accept_all(listener: socket.socket, waiting: dict[socket.socket, _Handshake],
-                handshake_timeout: float) -> None:
+def _drop(ready: selectors.BaseSelector, waiting: dict[socket.socket, _Handshake],
+          hs: _Handshake) -> None:
+    """Stops watching ``hs`` (the caller closes it, or keeps it as a proven peer)."""
+    del waiting[hs.conn]
+    ready.unregister(hs.conn)
+
+
+def _accept_all(listener: socket.socket, ready: selectors.BaseSelector,
+                waiting: dict[socket.socket, _Handshake], handshake_timeout: float) -> None:
     while True:
         try:
             conn, addr = listener.accept()
         except BlockingIOError:
             return
+        except OSError as exc:
+            # Out of descriptors, say: the pending connection stays queued in
+            # the kernel; the next round of the loop tries again.
+            refusals.refused(("", "accept"), f"control mesh: could not accept: {exc}")
+            time.sleep(0.01)  # the listener stays readable: do not spin
+            return
+        if len(waiting) >= MAX_PENDING:
+            oldest = next(iter(waiting.values()))
+            _drop(ready, waiting, oldest)
+            _refuse(oldest, "crowded", f"evicted: {MAX_PENDING} newer connections were "
+                                       f"proving themselves")
         hs = _Handshake(conn, f"{addr[0]}:{addr[1]}", time.monotonic() + handshake_timeout,
                         secrets.token_bytes(NONCE_BYTES))
         try:
@@ -201,6 +251,7 @@ def _accept_all(listener: socket.socket, waiting: dict[socket.socket, _Handshake
             _refuse(hs, "error", f"could not be sent a challenge: {exc}")
             continue
         waiting[conn] = hs
+        ready.register(conn, selectors.EVENT_READ)
 
 
 def _read_proof(hs: _Handshake, token: str, context: str, size: int, rank: int,

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import socket
 import struct
 import time
@@ -55,6 +54,7 @@ import torch.distributed as dist
 from .base import BackendError
 from .mesh_handshake import HANDSHAKE_TIMEOUT, accept_peers, connect_peer
 from .mesh_messages import _INLINE, _MESSAGE, _Incoming, _Outgoing
+from .mesh_poll import ready_sockets
 from .mesh_segments import Segment, at_least, peer_view, unlink
 
 __all__ = ["MAX_MESH_SIZE", "MeshTransport"]
@@ -413,10 +413,9 @@ class MeshTransport:
                 if sending[peer].push():
                     del sending[peer]
             while sending or receiving:
-                ready_in, ready_out, _ = select.select(
-                    [self._wake_r, *(self._peers[p] for p in receiving)],
-                    [self._peers[p] for p in sending], [],
-                    max(0.0, deadline - time.monotonic()))
+                ready_in, ready_out = ready_sockets(
+                    self._wake_r, [self._peers[p] for p in receiving],
+                    [self._peers[p] for p in sending], deadline - time.monotonic())
                 if self._aborted is not None:
                     raise BackendError(
                         f"control mesh: rank {self.rank}'s exchange waiting for rank(s) "

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from ssh_hosts import SshdError, SshHosts, SshHostsUnavailable, missing_tools
+from ssh_hosts import SshHosts, missing_tools, running_hosts
 
 _MISSING = missing_tools()
 if _MISSING:
@@ -48,20 +48,12 @@ HOROVODRUN = [sys.executable, "-m", "hora.runner.launch", "--horovod-compat"]
 @pytest.fixture(scope="module")
 def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHosts]:
     """h1, h2, h3 with sshd, and a client namespace, for the whole module."""
-    workdir = tmp_path_factory.mktemp("ssh-hosts")
-    cluster = SshHosts(workdir, count=3)
-    try:
-        cluster.start()
-    except SshHostsUnavailable as exc:
+    def skip(why: str) -> None:
         pytest.skip(f"!!! SKIPPED multi-host horovodrun over real sshd: no network "
-                    f"namespaces here: {exc} !!!")
-    except SshdError:
-        cluster.close()
-        raise
-    try:
+                    f"namespaces here: {why} !!!")
+
+    with running_hosts(tmp_path_factory.mktemp("ssh-hosts"), 3, skip) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def _env(cluster: SshHosts, **extra: str) -> dict[str, str]:

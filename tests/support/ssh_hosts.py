@@ -46,11 +46,12 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Host", "SshHosts", "SshHostsUnavailable", "SshdError", "missing_tools"]
+__all__ = ["Host", "SshHosts", "SshHostsUnavailable", "SshdError", "missing_tools",
+           "running_hosts"]
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 2222
@@ -423,3 +424,25 @@ class SshHosts:
     def namespaces(self) -> Iterator[str]:
         """The names of every namespace made (for diagnostics)."""
         yield from self._namespaces
+
+
+@contextlib.contextmanager
+def running_hosts(workdir: Path, count: int, skip: Callable[[str], object]) -> Iterator[SshHosts]:
+    """Started :class:`SshHosts`, closed on leaving: a test fixture's body.
+
+    ``skip(reason)`` is called, and must raise (``pytest.skip``), when this
+    machine cannot make the namespaces; an sshd that fails raises :class:`SshdError`.
+    """
+    cluster = SshHosts(workdir, count=count)
+    try:
+        cluster.start()
+    except SshHostsUnavailable as exc:
+        skip(str(exc))
+        raise
+    except SshdError:
+        cluster.close()
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.close()
