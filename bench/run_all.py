@@ -19,9 +19,9 @@ import time
 
 from common import BENCH_DIR, RESULTS_DIR, SETTINGS, log
 
-# In section order: 1, 1b, 2, 3, 3b, 3c, 3d, 4, 4b, 5.
-SCRIPTS = ["allreduce.py", "many_small.py", "train_step.py", "keras_step.py", "lightning_step.py",
-           "init_time.py",
+# In section order: 1, 1b, 2, 2b, 2c, 3, 3b, 3c, 3d, 4, 4b, 5.
+SCRIPTS = ["allreduce.py", "many_small.py", "small_ops.py", "train_step.py", "keras_step.py",
+           "lightning_step.py", "init_time.py",
            "elastic_recovery.py"]
 SCRIPT_TIMEOUT = 540
 

@@ -53,6 +53,14 @@ log = logging.getLogger("hora")
 
 Ready = list[tuple[int, Signature, Entry]]
 
+# The background thread lets a burst of submissions end (none for QUIET_S,
+# or BURST_S after its first) before it starts a round; a waiting caller runs
+# one at once. Rounds per few tensors held the GIL the submitting thread
+# needed (bench/README.md, "The per-tensor path").
+QUIET_S = 0.001
+BURST_S = 0.05
+
+
 class Agreement:
     """The response cache and the rounds that run the global set's work."""
 
@@ -83,6 +91,9 @@ class Agreement:
         self.mesh_batches = 0  # batches reduced from payloads the rounds carried
         self._round_busy = False
         self._waiting_drivers = 0
+        # When the newest cacheable entry came, and when the burst it belongs to began.
+        self._last_admit = 0.0
+        self._burst_start = 0.0
         self.tuning = CachedPathTuning(settings, rank)
         self._cycle_s = settings.cycle_time.total_seconds()
         # Until the first round has agreed on rank 0's budget, rounds carry no payload.
@@ -107,8 +118,16 @@ class Agreement:
         if self._cache_on and entry.cacheable():
             # The round loop decides hit or miss: it owns the cache, and at
             # its round boundaries every rank's cache is the same.
-            self._unclassified.append(entry)
-            self._work.notify()
+            now = time.monotonic()
+            self._last_admit = now
+            if not self._unclassified:
+                # The first of a burst wakes the background thread; the rest
+                # would only wake it again (a thread switch per tensor).
+                self._burst_start = now
+                self._unclassified.append(entry)
+                self._work.notify()
+            else:
+                self._unclassified.append(entry)
             return True
         return False
 
@@ -180,10 +199,10 @@ class Agreement:
         allreduced while the backward pass goes on, say)."""
         while True:
             with self._lock:
-                while self._round_busy or not self._has_work():
+                while self._round_busy or not self._has_work() or self._in_burst():
                     if self._pending.over():
                         return
-                    self._work.wait(0.5)
+                    self._work.wait(self._burst_wait())
                 if self._pending.over():
                     return
                 self._round_busy = True
@@ -192,6 +211,21 @@ class Agreement:
             except BaseException:
                 log.exception("rank %d: background round failed", self.rank)
                 return
+
+    def _in_burst(self) -> bool:
+        """Whether submissions are still coming in a burst the background thread
+        should let end first (only new tensors count: coordinator lists and
+        invalid slots never wait)."""
+        if not self._unclassified or self._needs_round():
+            return False
+        now = time.monotonic()
+        return now - self._last_admit < QUIET_S and now - self._burst_start < BURST_S
+
+    def _burst_wait(self) -> float:
+        if self._round_busy or not self._unclassified:
+            return 0.5
+        now = time.monotonic()
+        return max(1e-4, min(self._last_admit + QUIET_S, self._burst_start + BURST_S) - now)
 
     def drive(self, handle: Handle, deadline: float | None) -> None:
         """Runs rounds in the caller's thread until ``handle`` is done.

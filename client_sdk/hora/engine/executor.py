@@ -229,8 +229,17 @@ class Executor:
         outputs = [_flat(entry.buffer) for entry in entries]
         torch._foreach_copy_(outputs, list(buf.split([out.numel() for out in outputs])))
         self.activity(names, "MEMCPY_OUT_FUSION_BUFFER", None)
-        for entry in entries:
-            self.finish(entry, entry.buffer)
+        self.finish_all(entries)
+
+    def finish_all(self, entries: list[Entry]) -> None:
+        """:meth:`finish` with each entry's buffer, the handles completed together."""
+        timeline = self.timeline
+        if timeline.active:
+            for entry in entries:
+                timeline.end(entry.name)
+        Handle.set_results([entry.handle for entry in entries],
+                           [entry.result(entry.buffer) if entry.result else entry.buffer
+                            for entry in entries])
 
     def activity(self, names: list[str], end: str | None, start: str | None) -> None:
         timeline = self.timeline

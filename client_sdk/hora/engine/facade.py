@@ -158,7 +158,9 @@ class Engine:
             self._pending.add(entry)
             if entry.process_set_id == 0:
                 entry.handle.driver = self.agreement.drive
-            self._executor.timeline.negotiate_start(entry.name, entry.op_type)
+            timeline = self._executor.timeline
+            if timeline.active:
+                timeline.negotiate_start(entry.name, entry.op_type)
             if self.agreement.admit(entry):
                 return entry.handle
         self._negotiator.send(entry.request())

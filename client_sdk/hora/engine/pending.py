@@ -86,6 +86,24 @@ class Handle:
         self._result = result
         self._complete()
 
+    @staticmethod
+    def set_results(handles: Sequence[Handle], results: Sequence[Any]) -> None:
+        """``set_result`` on each of ``handles`` (a fused batch), under one lock round."""
+        events, callbacks = [], []
+        with _HANDLE_LOCK:
+            for handle, result in zip(handles, results, strict=True):
+                handle._result = result
+                handle._finished = True
+                if handle._event is not None:
+                    events.append(handle._event)
+                if handle._callbacks:
+                    callbacks.append(handle)
+        for event in events:
+            event.set()
+        for handle in callbacks:
+            # Its callbacks run as _complete runs them (taken under the lock there).
+            handle._complete()
+
     def set_error(self, error: BaseException) -> None:
         if not self._finished:
             self._error = error

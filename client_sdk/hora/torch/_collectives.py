@@ -78,7 +78,14 @@ def _submit(entry: Entry, problem: str | None) -> int:
     Raises:
         InvalidCallError: ``problem`` was given (or another rank's call was invalid).
     """
-    return _submit_all([entry], [problem], lambda handles: handles[0])
+    # _submit_all for one entry, without its lists: this is every small
+    # allreduce's path (a DistributedOptimizer's hook per parameter).
+    engine = _runtime.current().engine
+    entry.invalid = problem or ""
+    handle = register(engine.enqueue(entry))
+    if problem:
+        synchronize(handle)  # raises the InvalidCallError every rank of the call gets
+    return handle
 
 
 def _submit_all(entries: list[Entry], problems: Sequence[str | None],

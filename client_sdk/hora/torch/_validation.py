@@ -45,11 +45,20 @@ def _tensors(tensors: Any, call: str) -> list[torch.Tensor]:
     return [_tensor(t, f"{call}'s tensor {i}") for i, t in enumerate(tensors)]
 
 
+# Device types a backend was found for: a backend, once there, stays (the
+# check costs more than the rest of a small allreduce's submission).
+_SERVED_DEVICES: set[str] = set()
+
+
 def _device_problem(tensor: torch.Tensor) -> str | None:
+    device = tensor.device.type
+    if device in _SERVED_DEVICES:
+        return None
     try:
-        backend_for_device(tensor.device.type)
+        backend_for_device(device)
     except BackendError as exc:
         return str(exc)
+    _SERVED_DEVICES.add(device)
     return None
 
 
@@ -63,6 +72,8 @@ def _op(op: Any, average: bool | None) -> tuple[ReduceOp, str | None]:
         return (ReduceOp.AVERAGE if average else ReduceOp.SUM), None
     if op is None:
         return ReduceOp.AVERAGE, None
+    if type(op) is ReduceOp:
+        return op, None
     try:
         return ReduceOp(op), None
     except ValueError:
