@@ -19,6 +19,7 @@ from typing import Any, NoReturn, Protocol
 import grpc
 
 from hora_proto.auth import TOKEN_METADATA_KEY, WORKER_SECRET_METADATA_KEY
+from hora_proto.error_kinds import UNKNOWN_JOB, error_kind
 from hora_proto.v1 import (
     negotiation_pb2,
     negotiation_pb2_grpc,
@@ -156,7 +157,8 @@ class CoordinatorClient:
         )
         # Since when the coordinator has been unreachable (monotonic), or None.
         # Set by any call that found it gone, cleared once this worker has
-        # re-attached: until then "unknown job" means "restarted, not told yet".
+        # re-attached: until then an unknown job (UNKNOWN_JOB in the refusal's
+        # trailing metadata) means "restarted, not told yet".
         self.outage_since: float | None = None
         self._outage_lock = threading.Lock()
         self._rendezvous = rendezvous_pb2_grpc.RendezvousStub(self._channel)
@@ -218,7 +220,7 @@ class CoordinatorClient:
         not passed yet (the first such error starts the outage)."""
         code = exc.code()
         restarted = (code == grpc.StatusCode.NOT_FOUND and self.outage_since is not None
-                     and "unknown job" in (exc.details() or ""))
+                     and error_kind(exc) == UNKNOWN_JOB)
         if code != grpc.StatusCode.UNAVAILABLE and not restarted:
             return False
         limit = (limit_td or self.settings.coordinator_outage_timeout).total_seconds()

@@ -26,7 +26,7 @@ from .errors import (
     InvalidRequestError,
     ResourceExhaustedError,
     SupersededError,
-    UnknownError,
+    UnknownJobError,
 )
 from .journal import NO_JOURNAL, Journal
 from .limits import check_event_limits, check_join_limits, shown_id, split_long_tensor_names
@@ -163,11 +163,11 @@ class Coordinator:
         """The job named ``job_id``.
 
         Raises:
-            UnknownError: no Join has named it yet.
+            UnknownJobError: no Join has named it yet.
         """
         job = self.jobs.get(job_id)
         if job is None:
-            raise UnknownError(
+            raise UnknownJobError(
                 f"unknown job '{shown_id(job_id)}' (a job exists once a worker joins it)"
             )
         return job
@@ -185,7 +185,7 @@ class Coordinator:
         )
 
     def store(self, job_id: str) -> KeyValueStore:
-        """The store of job ``job_id``; raises UnknownError for an unknown job."""
+        """The store of job ``job_id``; raises UnknownJobError for an unknown job."""
         self.job(job_id)
         return self.stores[job_id]
 

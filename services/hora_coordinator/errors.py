@@ -5,6 +5,7 @@
      |    +-- RoundFullError        the next round already has every joiner it needs
      +-- OutOfRangeError            a store integer would leave int64 (OUT_OF_RANGE)
      +-- UnknownError               a job, worker or key does not exist (NOT_FOUND)
+     |    +-- UnknownJobError       the job named is not served here (kind unknown-job)
      +-- PreconditionError          the job is not in a state that allows it
      |    |                         (FAILED_PRECONDITION)
      |    +-- JobFailedError        the job failed; carries the failure reason
@@ -23,9 +24,13 @@
 
 The state transitions and the store raise these; the gRPC layer turns them
 into status codes in exactly one place (``servicer.status_for``; ``auth`` refuses before decoding).
+An error whose ``kind`` is set also carries it in the call's trailing metadata
+(:mod:`hora_proto.error_kinds`), for clients to act on without reading the text.
 """
 
 from __future__ import annotations
+
+from hora_proto.error_kinds import UNKNOWN_JOB
 
 __all__ = [
     "AlreadyOpenError",
@@ -44,6 +49,7 @@ __all__ = [
     "StaleGenerationError",
     "SupersededError",
     "UnknownError",
+    "UnknownJobError",
     "shown_id",
 ]
 
@@ -63,6 +69,9 @@ def shown_id(value: str) -> str:
 class CoordinatorError(Exception):
     """Root of every error the coordinator raises on purpose."""
 
+    #: What a client may act on, sent in the trailing metadata ("": nothing to act on).
+    kind = ""
+
 
 class InvalidRequestError(CoordinatorError):
     """Raised when a request contradicts the job: a size that differs from the
@@ -81,6 +90,12 @@ class OutOfRangeError(CoordinatorError):
 
 class UnknownError(CoordinatorError):
     """Raised when a job, a member or a store key does not exist."""
+
+
+class UnknownJobError(UnknownError):
+    """Raised when the job named is not one this coordinator serves."""
+
+    kind = UNKNOWN_JOB
 
 
 class PreconditionError(CoordinatorError):

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import grpc
 
 from hora_proto.auth import TOKEN_METADATA_KEY, worker_secret
+from hora_proto.error_kinds import ERROR_KIND_METADATA_KEY
 from hora_proto.v1 import (
     negotiation_pb2,
     negotiation_pb2_grpc,
@@ -109,8 +110,10 @@ def status_for(error: CoordinatorError) -> grpc.StatusCode:
 
 async def abort_with(context: grpc.aio.ServicerContext, error: CoordinatorError) -> None:
     """Ends the call with ``error``'s status code and message, cut to fit a trailer
-    (:func:`status_details`); raises, as abort does."""
-    await context.abort(status_for(error), status_details(str(error)))
+    (:func:`status_details`), and its kind, if any, in the trailing metadata;
+    raises, as abort does."""
+    trailing = ((ERROR_KIND_METADATA_KEY, error.kind),) if error.kind else ()
+    await context.abort(status_for(error), status_details(str(error)), trailing)
 
 
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])

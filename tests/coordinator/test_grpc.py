@@ -13,6 +13,7 @@ import pytest
 from coordinator_clients import Client, code_of, new_job_id, open_world, tensor, together
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from hora_proto.error_kinds import UNKNOWN_JOB, error_kind
 from hora_proto.v1 import negotiation_pb2 as npb
 from hora_proto.v1 import rendezvous_pb2 as rpb
 from hora_proto.v1 import store_pb2
@@ -112,6 +113,18 @@ def test_shutdown_then_init_forms_the_next_generation(client):
 
 
 # ---- store -----------------------------------------------------------------------------
+
+
+def test_an_unknown_job_is_told_apart_from_an_unknown_key_by_its_kind(client):
+    """Both are NOT_FOUND; only the unknown job carries its kind in the trailers, which
+    the client reads (never the message) to tell a restarted coordinator."""
+    job = new_job_id()
+    md, s = client.metadata, client.store
+    err = code_of(s.Get, store_pb2.StoreGetRequest(job_id=job, key="k"), metadata=md, timeout=5)
+    assert err.code() == grpc.StatusCode.NOT_FOUND and error_kind(err) == UNKNOWN_JOB
+    client.join(job, "w0", 1)
+    err = code_of(s.Get, store_pb2.StoreGetRequest(job_id=job, key="k"), metadata=md, timeout=5)
+    assert err.code() == grpc.StatusCode.NOT_FOUND and error_kind(err) == ""
 
 
 def test_store_operations(client):
