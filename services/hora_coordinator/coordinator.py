@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Sequence
 
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
@@ -31,18 +30,18 @@ from .errors import (
 from .journal import NO_JOURNAL, Journal
 from .limits import check_event_limits, check_join_limits, shown_id, split_long_tensor_names
 from .messages import (
-    AddProcessSetRequest,
     CoordinatorMessage,
     JoinRequest,
     ReattachRequest,
     ReceivedLists,
-    RemoveProcessSetRequest,
     ResponseList,
     TensorRequest,
 )
 from .negotiation import SetCallKind
 from .notices import DepartureNotices, is_departure
 from .outbox import STREAM_END, Outbox, outbox_counts
+from .periodic import PeriodicChecks
+from .set_calls import ProcessSetCalls
 from .settings import CoordinatorSettings
 from .store import KeyValueStore
 
@@ -53,14 +52,10 @@ logger = logging.getLogger("hora_coordinator")
 #: Least time members of a job restored after a coordinator restart have to
 #: re-attach before they are lost (seconds).
 REATTACH_WINDOW_S = 10.0
-#: How often running jobs are sampled for their series (seconds).
-SAMPLE_INTERVAL_S = 1.0
 # Put on an outbox to end the stream that drains it.
 
-_E = TypeVar("_E", bound=Exception)
 
-
-class Coordinator:
+class Coordinator(PeriodicChecks, ProcessSetCalls):
     """Every job this process serves, and the effects of their transitions.
 
     Args:
@@ -366,76 +361,6 @@ class Coordinator:
             self.apply(job, [state.Send((worker_id,), message)])
         self.apply(job, state.handle_requests(job, worker_id, generation, requests, self.clock()))
 
-    async def add_process_set(self, request: AddProcessSetRequest) -> None:
-        """One rank's AddProcessSet: waits until every rank has called; then every call
-        returns (the set is registered) or raises the same error.
-
-        Raises:
-            InvalidRequestError: some rank's call was invalid, the calls differ, or
-                the set is refused.
-            CallTimeoutError: some ranks did not call within the stall shutdown time.
-            PreconditionError: the caller is not an active member, or the call can
-                never complete (RankGoneError: a member departed).
-        """
-        job = self.job(request.job_id)
-        await self._set_call(
-            job,
-            request.worker_id,
-            request.generation,
-            SetCallKind.ADD,
-            lambda: state.call_add_process_set(job, request, self.clock()),
-        )
-
-    async def remove_process_set(self, request: RemoveProcessSetRequest) -> None:
-        """One rank's RemoveProcessSet, a collective like :meth:`add_process_set`."""
-        job = self.job(request.job_id)
-        await self._set_call(
-            job,
-            request.worker_id,
-            request.generation,
-            SetCallKind.REMOVE,
-            lambda: state.call_remove_process_set(job, request, self.clock()),
-        )
-
-    async def _set_call(
-        self,
-        job: state.Job,
-        worker_id: str,
-        generation: int,
-        kind: SetCallKind,
-        transition: Callable[[], Iterable[state.Effect]],
-    ) -> None:
-        """Applies a process set call's transition, then waits for the Answer to it.
-
-        A newer call of the same worker and kind replaces this one (which then
-        raises SupersededError); cancelling the call (the caller's deadline)
-        withdraws it.
-        """
-        key = (job.job_id, worker_id, kind)
-        previous = self._set_calls.pop(key, None)
-        if previous is not None and not previous.done():
-            previous.set_exception(
-                SupersededError(
-                    f"a newer {kind.value} call from worker {worker_id} in job "
-                    f"'{shown_id(job.job_id)}' replaced this one"
-                )
-            )
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._set_calls[key] = waiter
-        try:
-            self.apply(job, transition())
-        except BaseException:
-            if self._set_calls.get(key) is waiter:
-                del self._set_calls[key]
-            raise
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if self._set_calls.get(key) is waiter:
-                del self._set_calls[key]
-                self.apply(job, state.withdraw_set_call(job, worker_id, generation, kind))
-            raise
-
     def stream_closed(self, job_id: str, worker_id: str, generation: int) -> None:
         """A member's stream ended; unless it left first, the member is lost.
 
@@ -451,25 +376,6 @@ class Coordinator:
             return  # our own shutdown cancels every stream; nobody was lost
         job = self.jobs[job_id]
         self.apply(job, state.stream_closed(job, worker_id, generation, self.clock()))
-
-    # ---- periodic check ---------------------------------------------------------------
-
-    def check(self) -> None:
-        """Sizes leases to the load, expires leases and reports stalled tensors of
-        every running job, and runs the deadlines of every elastic round that gathers."""
-        now = self.clock()
-        self.deliver_notices()
-        self.leases = state.plan_leases(
-            {job.job_id: state.heartbeating_members(job) for job in self.jobs.values()},
-            self.lease_policy,
-        )
-        backlog = self.backlog_s()
-        for job in list(self.jobs.values()):
-            if job.phase is state.JobPhase.RUNNING or job.round is not None:
-                lease_s = self.lease_of(job).lease_s + backlog
-                self.apply(job, state.check(job, now, lease_s))
-            self._forget_if_abandoned(job)
-            self._forget_if_done(job, now)
 
     def deliver_notices(self) -> None:
         """Sends the coalesced departure notices (:mod:`.notices`) to the members
@@ -498,46 +404,6 @@ class Coordinator:
         """By job: the outboxes held for its members, and the messages waiting in them."""
         return outbox_counts(self._outboxes)
 
-    def _forget_if_abandoned(self, job: state.Job) -> None:
-        """Drops a job whose first world never formed and that nobody waits to join.
-
-        Its joiners went away (deadline, cancel, Leave): nothing of it is left to
-        keep, and a coordinator that kept such jobs would grow without bound.
-        """
-        if state.abandoned(job) and self.jobs.get(job.job_id) is job:
-            self._forget(job.job_id)
-            logger.info("job %s: every joiner went away before its world formed; forgotten",
-                        job.job_id)
-
-    def _forget_if_done(self, job: state.Job, now: float) -> None:
-        """Drops a job that ended ``job_retention`` ago with nothing of it left.
-
-        Nothing left: no gathering round, no waiting Join, no open stream. A
-        worker that joins the same job id later starts a new job.
-        """
-        job_id = job.job_id
-        done = (job.phase in (state.JobPhase.FINISHED, state.JobPhase.FAILED)
-                and job.round is None
-                and not any(key[0] == job_id for key in self._joins)
-                and not any(key[0] == job_id for key in self._open_streams))
-        if not done:
-            self._ended_since.pop(job_id, None)
-            return
-        since = self._ended_since.setdefault(job_id, now)
-        if now - since < self.settings.job_retention.total_seconds():
-            return
-        self._forget(job_id)
-        logger.info("job %s %s; forgotten after %g s", job_id, job.phase.value,
-                    self.settings.job_retention.total_seconds())
-
-    def _forget_first_ended(self) -> bool:
-        """Forgets the job that ended first, before its retention, to make room; whether any."""
-        first = min(self._ended_since, key=self._ended_since.__getitem__, default=None)
-        if first is not None:
-            self._forget(first)
-            logger.info("job %s ended; forgotten early to make room (max_jobs)", first)
-        return first is not None
-
     def _forget(self, job_id: str) -> None:
         """Drops the job and everything held for it: store, notices, outboxes, counts."""
         del self.jobs[job_id]
@@ -552,81 +418,6 @@ class Coordinator:
         self.leases.pop(job_id, None)
         for key in [key for key in self._outboxes if key[0] == job_id]:
             del self._outboxes[key]
-
-    def forgive_stall(self, stalled_s: float) -> None:
-        """The event loop did not run for ``stalled_s`` seconds: no lease or stall
-        clock counts that time (the heartbeats sent meanwhile are not read yet)."""
-        logger.warning("hora-coordinator: the event loop stalled for %.1f s; leases and "
-                       "stall clocks are extended by as much", stalled_s)
-        for job in self.jobs.values():
-            state.forgive_stall(job, stalled_s)
-
-    def backlog_s(self) -> float:
-        """How long a call waits before the coordinator takes it: the last self-check's
-        round trip, or the age of the one still unanswered if that is longer."""
-        started = self._probe_started
-        if started is None:
-            return self._backlog_s
-        return max(self._backlog_s, asyncio.get_running_loop().time() - started)
-
-    async def measure_backlog(self, probe: Callable[[], Awaitable[object]]) -> None:
-        """Times ``probe`` (a health check the coordinator makes to itself) every
-        ``stall_check_interval`` until cancelled.
-
-        gRPC core queues calls until the event loop takes them, one at a time: when
-        thousands of workers start at once (Join, store, heartbeat calls), a call can
-        wait seconds in that queue while the loop itself never stalls. A heartbeat
-        that waits there has arrived; every lease is judged that much longer
-        (:meth:`check`), so the coordinator's own backlog never costs a healthy
-        worker its place.
-        """
-        interval = self.settings.stall_check_interval.total_seconds()
-        loop = asyncio.get_running_loop()
-        while True:
-            started = self._probe_started = loop.time()
-            try:
-                await probe()
-            except Exception:  # a failed self-check says nothing about the backlog
-                logger.debug("the coordinator's self-check failed", exc_info=True)
-            else:
-                self._backlog_s = loop.time() - started
-            finally:
-                self._probe_started = None
-            await asyncio.sleep(interval)
-
-    async def run_checks(self) -> None:
-        """Runs :meth:`check` every ``stall_check_interval`` until cancelled.
-
-        A tick that comes more than one period late means the loop itself
-        stalled; the lateness is forgiven (:meth:`forgive_stall`) before the
-        check judges leases, so workers are judged on heartbeats that could
-        arrive, not on the coordinator's own pause.
-        """
-        interval = self.settings.stall_check_interval.total_seconds()
-        loop = asyncio.get_running_loop()
-        last = loop.time()
-        sampled = last
-        while True:
-            await asyncio.sleep(interval)
-            late = loop.time() - last - interval
-            try:
-                if late > interval:
-                    self.forgive_stall(late)
-                self.check()
-                if loop.time() - sampled >= SAMPLE_INTERVAL_S:
-                    sampled = loop.time()
-                    self.sample()
-            except Exception:  # a bug in one check must not stop every later one
-                logger.exception("periodic check failed")
-            # From the check's end: a slow check is not the loop stalling, and
-            # counting it would make every later tick look late.
-            last = loop.time()
-
-    def sample(self) -> None:
-        """Adds each running job's sample to its series (see :mod:`.state.telemetry`)."""
-        now = self.clock()
-        for job in self.jobs.values():
-            state.sample_job(job, now)
 
     # ---- doing ------------------------------------------------------------------------
 
@@ -674,16 +465,6 @@ class Coordinator:
         elif view is not None:
             waiter.set_result(view)
 
-    def _answer(self, job_id: str, answer: state.Answer) -> None:
-        for worker_id in answer.worker_ids:
-            waiter = self._set_calls.pop((job_id, worker_id, answer.kind), None)
-            if waiter is None or waiter.done():
-                continue
-            if answer.error is None:
-                waiter.set_result(None)
-            else:  # one exception object per waiter: each call raises (and tracebacks) its own
-                waiter.set_exception(_copy(answer.error))
-
     def end_streams(self) -> None:
         """Asks every open stream to finish (shutdown)."""
         self.closing = True
@@ -701,7 +482,3 @@ def _fingerprint(job: state.Job) -> _Fingerprint:
     return (job.event_count, job.phase, job.generation, len(job.table.process_sets),
             job.host_update_epoch)
 
-
-def _copy(error: _E) -> _E:
-    """A fresh exception of the same type and message."""
-    return type(error)(*error.args)
