@@ -53,7 +53,7 @@ chromium:
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check proto/hora_proto client_sdk services native tests examples bench
-	$(PY) -m mypy -p hora_proto -p hora_native -p hora -p hora_coordinator
+	$(PY) -m mypy -p hora_proto -p hora_native -p hora -p hora_coordinator -p hora_negotiation
 
 format: $(TEST_STAMP)
 	$(PY) -m ruff format proto/hora_proto client_sdk services native tests examples bench

@@ -8,20 +8,35 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
 from hora_proto.v1 import negotiation_pb2, rendezvous_pb2
 
 from .errors import CoordinatorUnavailableError
-
-if TYPE_CHECKING:
-    from ._client import CoordinatorClient
+from .settings import Settings
 
 __all__ = ["NegotiationStream", "stream_messages"]
 
 _CLOSE = object()
+
+
+class CoordinatorClient(Protocol):
+    """What a stream uses of the client that opens it (``hora._client.CoordinatorClient``;
+    a protocol, so this module does not import the one that imports it)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def _negotiation(self) -> Any: ...
+    @property
+    def _metadata(self) -> tuple[tuple[str, str], ...]: ...
+    def _error(self, exc: grpc.RpcError, what: str) -> Exception: ...
 # How a stream ends when the coordinator dies or the network drops (as
 # opposed to a refusal such as FAILED_PRECONDITION).
 _STREAM_BROKE = frozenset({

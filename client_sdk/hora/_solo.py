@@ -3,23 +3,27 @@
 A script started without ``horarun`` (and without ``HORA_COORDINATOR``) runs
 as a world of one, as under Horovod. No coordinator is started: the world
 view is made here, heartbeats always find the job running, and requests are
-answered by the coordinator's negotiation table run in process (see
-:func:`hora.runner.embedded.local_negotiation`), so a world of one checks
-and orders its collectives exactly as a larger one does.
+answered by the coordinator's negotiation table run in process
+(:class:`hora_negotiation.solo.LocalNegotiation`: the table's own package,
+with no server, grpc or asyncio in it), so a world of one checks and orders
+its collectives exactly as a larger one does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from hora_negotiation.errors import InvalidRequestError
+from hora_negotiation.solo import LocalNegotiation
 from hora_proto.v1 import negotiation_pb2, rendezvous_pb2
 
 from ._client import PROCESS_WORKER_ID
-from .runner.embedded import local_negotiation, refused_call
+from .errors import InvalidCallError
 from .settings import Settings
 
 __all__ = ["SoloClient"]
@@ -35,7 +39,7 @@ class SoloClient:
         self.job_id = settings.job_id
         self.worker_id = PROCESS_WORKER_ID
         self._lock = threading.Lock()
-        self._negotiation = local_negotiation(settings.fusion_threshold)
+        self._negotiation = LocalNegotiation(settings.fusion_threshold)
         self._stream: SoloStream | None = None
 
     def wait_reachable(self) -> None:
@@ -94,6 +98,18 @@ class SoloClient:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+@contextlib.contextmanager
+def refused_call() -> Iterator[None]:
+    """Turns the local table's refusal of a call into the trainer's InvalidCallError.
+
+    Only a refusal: any other exception is a bug and goes up as it is.
+    """
+    try:
+        yield
+    except InvalidRequestError as exc:
+        raise InvalidCallError(str(exc)) from exc
 
 
 class SoloStream:

@@ -10,16 +10,24 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from .base import BackendError
 
-if TYPE_CHECKING:
-    from .mesh_transport import MeshTransport
-
 __all__: list[str] = []  # private to the mesh
+
+
+class MeshTransport(Protocol):
+    """What a message uses of its mesh (``.mesh_transport.MeshTransport``; a protocol,
+    so this module does not import the one that imports it)."""
+
+    @property
+    def rank(self) -> int: ...
+    def _peer_payload(self, peer: int, version: int, offset: int, nbytes: int
+                      ) -> torch.Tensor: ...
+    def _buffer(self, peer: int, nbytes: int) -> torch.Tensor: ...
 
 _MESSAGE = struct.Struct("<IQQq")
 _INLINE = -1

@@ -37,10 +37,10 @@ from .messages import (
     ResponseList,
     TensorRequest,
 )
-from .negotiation import SetCallKind
 from .notices import DepartureNotices, is_departure
-from .outbox import STREAM_END, Outbox, outbox_counts
+from .outbox import STREAM_END, Outbox
 from .periodic import PeriodicChecks
+from .runtime import JobRuntime, Jobs, fingerprint
 from .set_calls import ProcessSetCalls
 from .settings import CoordinatorSettings
 from .store import KeyValueStore
@@ -73,10 +73,9 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
     ) -> None:
         self.settings, self.clock, self._box_limit = settings, clock, settings.max_stream_queue
         self.journal = journal
-        # By job: what the journal last saw of it (see _persist).
-        self._journaled: dict[str, _Fingerprint] = {}
-        self.jobs: dict[str, state.Job] = {}
-        self.stores: dict[str, KeyValueStore] = {}
+        # Everything held for each job, by id (forgetting a job deletes its runtime).
+        self.runtimes: dict[str, JobRuntime] = {}
+        self.jobs = Jobs(self.runtimes, self._new_store)
         self.serving = False
         self.closing = False
         self.lease_policy = state.LeasePolicy(
@@ -84,25 +83,11 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
             shortest_interval_s=settings.heartbeat_interval.total_seconds(),
             heartbeats_per_s=settings.heartbeat_budget,
         )
-        # Each job's lease, sized to the load at the last periodic check.
-        self.leases: dict[str, state.Lease] = {}
         # How long the coordinator lately took to take a call of its own (see
         # measure_backlog): heartbeats wait that long before it can read them.
         self._backlog_s = 0.0
         self._probe_started: float | None = None
-        # Heartbeats answered, by job and transport ("unary", "stream"; what /metrics reports).
-        self.heartbeats: dict[tuple[str, str], int] = {}
-        self._joins: dict[tuple[str, str], asyncio.Future[rpb.WorldView]] = {}
-        # Waiting AddProcessSet / RemoveProcessSet calls, by job, worker and kind.
-        self._set_calls: dict[tuple[str, str, SetCallKind], asyncio.Future[None]] = {}
-        self._outboxes: dict[tuple[str, str], Outbox] = {}
-        # Each open stream's outbox, by job, worker and generation.
-        self._open_streams: dict[tuple[str, str, int], Outbox] = {}
         self._notices = DepartureNotices()
-        # Messages put on members' outboxes, by job (what /metrics reports).
-        self.messages_queued: dict[str, int] = {}
-        # Jobs seen ended with nothing of them left, and since when.
-        self._ended_since: dict[str, float] = {}
         self._restore()
 
     def _restore(self) -> None:
@@ -112,10 +97,9 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
             if state.abandoned(job):
                 self.journal.forget(job.job_id)
                 continue
-            self.jobs[job.job_id] = job
-            self.stores[job.job_id] = self._new_store(job.job_id,
-                                                      restored.stores.get(job.job_id))
-            self._journaled[job.job_id] = _fingerprint(job)
+            self.runtimes[job.job_id] = JobRuntime(
+                job, self._new_store(job.job_id, restored.stores.get(job.job_id)),
+                journaled=fingerprint(job))
             self._await_reattach(job)
             if job.phase is state.JobPhase.RUNNING:
                 logger.info("job '%s': generation %d restored from the journal; its %d "
@@ -140,17 +124,18 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
 
     def _persist(self, job: state.Job) -> None:
         """Writes the job to the journal when a transition changed what it keeps."""
-        if self.journal is NO_JOURNAL or self.jobs.get(job.job_id) is not job:
+        runtime = self.runtimes.get(job.job_id)
+        if self.journal is NO_JOURNAL or runtime is None or runtime.job is not job:
             return
-        seen = _fingerprint(job)
-        before = self._journaled.get(job.job_id)
+        seen = fingerprint(job)
+        before = runtime.journaled
         if seen == before:
             return
         written = before[0] if before is not None else 0
         fresh = min(job.event_count - written, len(job.events))
         new_events = list(job.events)[len(job.events) - fresh:] if fresh > 0 else []
         self.journal.save_job(job, new_events)
-        self._journaled[job.job_id] = seen
+        runtime.journaled = seen
 
     # ---- lookups ----------------------------------------------------------------------
 
@@ -179,10 +164,14 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
             max_bytes=self.settings.max_store_bytes_per_job,
         )
 
+    def runtime(self, job_id: str) -> JobRuntime:
+        """What is held for job ``job_id``; raises UnknownJobError for an unknown job."""
+        self.job(job_id)
+        return self.runtimes[job_id]
+
     def store(self, job_id: str) -> KeyValueStore:
         """The store of job ``job_id``; raises UnknownJobError for an unknown job."""
-        self.job(job_id)
-        return self.stores[job_id]
+        return self.runtime(job_id).store
 
     # ---- rendezvous -------------------------------------------------------------------
 
@@ -192,9 +181,9 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
         Cancelling the call (the caller's deadline) forgets the joiner.
         """
         check_join_limits(self.settings, self.jobs.get(request.job_id), request)
-        job = self.jobs.get(request.job_id)
-        fresh = job is None
-        if job is None:
+        runtime = self.runtimes.get(request.job_id)
+        fresh = runtime is None
+        if runtime is None:
             if not request.job_id:
                 raise InvalidRequestError("job_id must not be empty")
             if len(self.jobs) >= self.settings.max_jobs and not self._forget_first_ended():
@@ -203,11 +192,11 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
                     f"job '{request.job_id}' cannot start until one is forgotten"
                 )
             # Held aside until the Join is accepted: a refused one leaves no job behind.
-            job = state.new_job(
-                request.job_id, self.clock(), self.settings.max_events_per_job
-            )
-        key = (job.job_id, request.worker_id)
-        previous = self._joins.pop(key, None)
+            runtime = JobRuntime(
+                state.new_job(request.job_id, self.clock(), self.settings.max_events_per_job),
+                self._new_store(request.job_id))
+        job, joins, key = runtime.job, runtime.joins, request.worker_id
+        previous = joins.pop(key, None)
         if previous is not None and not previous.done():
             previous.set_exception(
                 SupersededError(
@@ -216,22 +205,21 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
                 )
             )
         waiter: asyncio.Future[rpb.WorldView] = asyncio.get_running_loop().create_future()
-        self._joins[key] = waiter
+        joins[key] = waiter
         try:
             effects = state.join(job, request, self.clock())
             if fresh:
-                self.jobs[job.job_id] = job
-                self.stores[job.job_id] = self._new_store(job.job_id)
+                self.runtimes[job.job_id] = runtime
             self.apply(job, effects)
         except BaseException:
-            if self._joins.get(key) is waiter:
-                del self._joins[key]
+            if joins.get(key) is waiter:
+                del joins[key]
             raise
         try:
             return await waiter
         except asyncio.CancelledError:
-            if self._joins.get(key) is waiter:
-                del self._joins[key]
+            if joins.get(key) is waiter:
+                del joins[key]
                 self.apply(job, state.cancel_join(job, request.worker_id, self.clock()))
                 self._forget_if_abandoned(job)
             raise
@@ -261,15 +249,15 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
             self._await_reattach(job)
         effects = state.reattach(job, request, self.clock())
         if restored:
-            self.jobs[job.job_id] = job
-            self.stores[job.job_id] = self._new_store(job.job_id)
+            self.runtimes[job.job_id] = JobRuntime(job, self._new_store(job.job_id))
             logger.warning(
                 "job '%s': generation %d restored from the report of worker %s (no journal "
                 "held it); its other members must re-attach within %g s",
                 shown_id(job.job_id), job.generation, request.join.worker_id,
                 self._reattach_window_s(job))
         # A stream of the generation may open again: its outbox is fresh.
-        self._outboxes.setdefault((job.job_id, request.join.worker_id), Outbox(self._box_limit))
+        self.runtimes[job.job_id].outboxes.setdefault(request.join.worker_id,
+                                                      Outbox(self._box_limit))
         self.apply(job, effects)
         return restored
 
@@ -289,23 +277,26 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
                          sequence: int, telemetry: state.RankTelemetry | None = None) -> None:
         """A heartbeat on a member's negotiation stream: renews its lease and queues
         the answer on that stream (not counted as a negotiation message)."""
-        outbox = self._open_streams.get((job_id, worker_id, generation))
-        job = self.jobs.get(job_id)
-        if outbox is None or job is None:
+        runtime = self.runtimes.get(job_id)
+        outbox = None if runtime is None else runtime.open_streams.get((worker_id, generation))
+        if outbox is None or runtime is None:
             return
+        job = runtime.job
         answer = state.StreamHeartbeatAnswer(
             sequence, self._heartbeat(job, worker_id, "stream", telemetry))
         outbox.put_nowait(wire.coordinator_message_pb(CoordinatorMessage(heartbeat=answer)))
 
     def lease_of(self, job: state.Job) -> state.Lease:
         """The job's lease and heartbeat interval, sized to the load."""
-        return self.leases.get(job.job_id) or self.lease_policy.fastest
+        runtime = self.runtimes.get(job.job_id)
+        return (runtime.lease if runtime is not None else None) or self.lease_policy.fastest
 
     def _heartbeat(self, job: state.Job, worker_id: str, transport: str,
                    telemetry: state.RankTelemetry | None) -> state.HeartbeatReply:
         lease = self.lease_of(job)
-        key = (job.job_id, transport)
-        self.heartbeats[key] = self.heartbeats.get(key, 0) + 1
+        runtime = self.runtimes.get(job.job_id)
+        if runtime is not None:
+            runtime.heartbeats[transport] = runtime.heartbeats.get(transport, 0) + 1
         return state.heartbeat(job, worker_id, self.clock(), lease.lease_s, lease.interval_s,
                                telemetry)
 
@@ -333,16 +324,17 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
         Raises:
             AlreadyOpenError: the member already has a stream in this generation.
         """
-        job = self.job(job_id)
+        runtime = self.runtime(job_id)
+        job = runtime.job
         member = state.open_stream(job, worker_id, generation, self.clock())
-        stream_key = (job_id, worker_id, generation)
-        if stream_key in self._open_streams:
+        stream_key = (worker_id, generation)
+        if stream_key in runtime.open_streams:
             raise AlreadyOpenError(
                 f"worker {worker_id} already has a negotiation stream for "
                 f"job '{job_id}' generation {generation}"
             )
-        outbox = self._outboxes.setdefault((job_id, worker_id), Outbox(self._box_limit))
-        self._open_streams[stream_key] = outbox
+        outbox = runtime.outboxes.setdefault(worker_id, Outbox(self._box_limit))
+        runtime.open_streams[stream_key] = outbox
         self.apply(job, state.redeliver(job, member, received))
         return outbox
 
@@ -366,10 +358,11 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
 
         What was still queued for it is dropped with its outbox: nobody reads it.
         """
-        outbox = self._open_streams.pop((job_id, worker_id, generation), None)
-        if outbox is not None:
-            if self._outboxes.get((job_id, worker_id)) is outbox:
-                del self._outboxes[(job_id, worker_id)]
+        runtime = self.runtimes.get(job_id)
+        outbox = None if runtime is None else runtime.open_streams.pop((worker_id, generation), None)
+        if runtime is not None and outbox is not None:
+            if runtime.outboxes.get(worker_id) is outbox:
+                del runtime.outboxes[worker_id]
             while not outbox.empty():
                 outbox.get_nowait()
         if self.closing:
@@ -393,31 +386,25 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
         return member is not None and member.state is state.MemberState.ACTIVE
 
     def _queue(self, job_id: str, worker_id: str, message: object) -> bool:
-        outbox = self._outboxes.get((job_id, worker_id))
-        if outbox is None:
+        runtime = self.runtimes.get(job_id)
+        outbox = None if runtime is None else runtime.outboxes.get(worker_id)
+        if runtime is None or outbox is None:
             return False
         outbox.put_nowait(message)
-        self.messages_queued[job_id] = self.messages_queued.get(job_id, 0) + 1
+        runtime.messages_queued += 1
         return True
 
     def outbox_counts(self) -> dict[str, tuple[int, int]]:
         """By job: the outboxes held for its members, and the messages waiting in them."""
-        return outbox_counts(self._outboxes)
+        return {job_id: runtime.held_outboxes() for job_id, runtime in self.runtimes.items()
+                if runtime.outboxes}
 
     def _forget(self, job_id: str) -> None:
-        """Drops the job and everything held for it: store, notices, outboxes, counts."""
-        del self.jobs[job_id]
-        self.stores.pop(job_id, None)
-        self.journal.forget(job_id)
-        self._journaled.pop(job_id, None)
-        self._ended_since.pop(job_id, None)
+        """Drops the job and everything held for it: its runtime (store, waiting calls,
+        outboxes, lease, counts), its departure notices and what the journal keeps."""
+        del self.runtimes[job_id]
         self._notices.forget(job_id)
-        self.messages_queued.pop(job_id, None)
-        for transport in ("unary", "stream"):
-            self.heartbeats.pop((job_id, transport), None)
-        self.leases.pop(job_id, None)
-        for key in [key for key in self._outboxes if key[0] == job_id]:
-            del self._outboxes[key]
+        self.journal.forget(job_id)
 
     # ---- doing ------------------------------------------------------------------------
 
@@ -428,6 +415,9 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
         views of a world admitted at once share one encoded member list.
         """
         templates: wire.ViewTemplates = {}
+        runtime = self.runtimes.get(job.job_id)
+        # A job held aside (a fresh Join not yet accepted) has no outboxes yet.
+        outboxes = runtime.outboxes if runtime is not None else {}
         for effect in effects:
             if isinstance(effect, state.Send):
                 if is_departure(effect.message) and effect.message.event is not None:
@@ -435,7 +425,7 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
                     continue  # delivered coalesced, at the next check
                 encoded = None
                 for worker_id in effect.worker_ids:
-                    if (job.job_id, worker_id) in self._outboxes:
+                    if worker_id in outboxes:
                         if encoded is None:
                             encoded = wire.coordinator_message_pb(effect.message)
                         self._queue(job.job_id, worker_id, encoded)
@@ -449,7 +439,7 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
             elif isinstance(effect, state.NewGeneration):
                 # Fresh outboxes: a stream of the old generation keeps (and drains) its own.
                 for worker_id in effect.worker_ids:
-                    self._outboxes[(job.job_id, worker_id)] = Outbox(self._box_limit)
+                    outboxes[worker_id] = Outbox(self._box_limit)
             elif isinstance(effect, state.Log):
                 logger.log(effect.level, effect.message)
         self._persist(job)
@@ -457,7 +447,8 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
     def _settle(
         self, job_id: str, worker_id: str, view: rpb.WorldView | None, error: Exception | None
     ) -> None:
-        waiter = self._joins.pop((job_id, worker_id), None)
+        runtime = self.runtimes.get(job_id)
+        waiter = None if runtime is None else runtime.joins.pop(worker_id, None)
         if waiter is None or waiter.done():
             return
         if error is not None:
@@ -468,17 +459,7 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
     def end_streams(self) -> None:
         """Asks every open stream to finish (shutdown)."""
         self.closing = True
-        boxes = [*self._outboxes.values(), *self._open_streams.values()]
+        boxes = [box for runtime in self.runtimes.values()
+                 for box in (*runtime.outboxes.values(), *runtime.open_streams.values())]
         for outbox in {id(box): box for box in boxes}.values():
             outbox.put_nowait(STREAM_END)
-
-
-_Fingerprint = tuple[int, state.JobPhase, int, int, int]
-
-
-def _fingerprint(job: state.Job) -> _Fingerprint:
-    """What changes whenever a transition changes what the journal keeps of a job
-    (every such transition records an event); its first item is the event count."""
-    return (job.event_count, job.phase, job.generation, len(job.table.process_sets),
-            job.host_update_epoch)
-

@@ -22,14 +22,25 @@
      |                             is missing or wrong (PERMISSION_DENIED)
      +-- ResourceExhaustedError    a coordinator-wide limit is reached (RESOURCE_EXHAUSTED)
 
-The state transitions and the store raise these; the gRPC layer turns them
-into status codes in exactly one place (``servicer.status_for``; ``auth`` refuses before decoding).
+The five a negotiation table raises (the root, InvalidRequestError,
+PreconditionError, RankGoneError, CallTimeoutError) are defined in
+:mod:`hora_negotiation.errors`, which a world of one imports without this
+service, and re-exported here. The state transitions and the store raise
+these; the gRPC layer turns them into status codes in exactly one place
+(``servicer.status_for``; ``auth`` refuses before decoding).
 An error whose ``kind`` is set also carries it in the call's trailing metadata
 (:mod:`hora_proto.error_kinds`), for clients to act on without reading the text.
 """
 
 from __future__ import annotations
 
+from hora_negotiation.errors import (
+    CallTimeoutError,
+    CoordinatorError,
+    InvalidRequestError,
+    PreconditionError,
+    RankGoneError,
+)
 from hora_proto.error_kinds import UNKNOWN_JOB
 
 __all__ = [
@@ -66,19 +77,6 @@ def shown_id(value: str) -> str:
     return value if len(value) <= _SHOWN_LENGTH else value[:_SHOWN_LENGTH] + "…"
 
 
-class CoordinatorError(Exception):
-    """Root of every error the coordinator raises on purpose."""
-
-    #: What a client may act on, sent in the trailing metadata ("": nothing to act on).
-    kind = ""
-
-
-class InvalidRequestError(CoordinatorError):
-    """Raised when a request contradicts the job: a size that differs from the
-    one the first joiner set, a rank hint out of range or taken twice, a
-    malformed first stream message, a store value that is not an integer."""
-
-
 class RoundFullError(InvalidRequestError):
     """Raised when a Join arrives for a round that already has all its joiners."""
 
@@ -98,22 +96,12 @@ class UnknownJobError(UnknownError):
     kind = UNKNOWN_JOB
 
 
-class PreconditionError(CoordinatorError):
-    """Raised when the job's state does not allow the operation."""
-
-
 class JobFailedError(PreconditionError):
     """Raised for Join and stream opens on a job that failed; the message is the failure."""
 
 
 class StaleGenerationError(PreconditionError):
     """Raised when a worker names a generation that is not the job's current one."""
-
-
-class RankGoneError(PreconditionError):
-    """Raised to the callers of a collective call (AddProcessSet, RemoveProcessSet)
-    that can never complete: a member of the generation left or was lost before
-    calling, or the generation or the job ended; names the member or the cause."""
 
 
 class AlreadyOpenError(CoordinatorError):
@@ -126,11 +114,6 @@ class SupersededError(CoordinatorError):
 
 class KeyTimeoutError(CoordinatorError):
     """Raised when store keys are not set before the request's timeout; names them."""
-
-
-class CallTimeoutError(CoordinatorError):
-    """Raised to the callers of a collective call (AddProcessSet, RemoveProcessSet)
-    when some ranks did not call within the job's stall shutdown time; names them."""
 
 
 class AuthenticationError(CoordinatorError):

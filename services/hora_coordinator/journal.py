@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from hora_negotiation import NegotiationTable
+
 from . import state
-from .negotiation import NegotiationTable
 
 __all__ = [
     "NO_JOURNAL",

@@ -3,34 +3,38 @@
 Each class is the twin of a ``hora.v1`` message (``proto/hora/v1/*.proto``)
 with the same field names, so the .proto's documentation of a field holds for
 its twin, and each enum has the .proto's member names (without the prefix)
-and numbers. The transitions in :mod:`.state` and :mod:`.negotiation` take and
-return these; :mod:`.wire` is the one place that converts between them and the
-generated stubs. The twins of the rendezvous answers (world views, heartbeat
-replies) live beside the state they show, in :mod:`.state.views`.
+and numbers. The transitions in :mod:`.state` and :mod:`hora_negotiation` take
+and return these; :mod:`.wire` is the one place that converts between them and
+the generated stubs. The world views' twins live beside the state they show,
+in :mod:`.state.views`.
 
-One exception, on purpose: the negotiation table reads tensor requests
-through the :class:`TensorRequest` protocol, which the ``hora.v1.TensorRequest``
-message satisfies as it is. Copying every request of every step into a
-dataclass would about double the cost of the hot path (about 2.8 us per
-request, against about 2.6 us to negotiate it), and the table only reads
-them. :class:`PlainTensorRequest` satisfies the protocol too, for callers
-without protobuf.
+The negotiation's own messages (the collective enums, tensor requests,
+responses) are declared in :mod:`hora_negotiation.messages`, which a world
+of one uses without this service, and re-exported here.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:  # the heartbeat answers' twins live in .state.views, which imports this
-    from .state.views import StreamHeartbeatAnswer
+from hora_negotiation.messages import (
+    ErrorKind,
+    OpType,
+    PlainTensorRequest,
+    ReceivedLists,
+    ReduceOp,
+    Response,
+    ResponseList,
+    ResponseType,
+    TensorRequest,
+)
 
 __all__ = [
     "AddProcessSetRequest",
     "CoordinatorMessage",
     "ErrorKind",
+    "HeartbeatReply",
     "Event",
     "EventType",
     "JobState",
@@ -41,63 +45,13 @@ __all__ = [
     "ReceivedLists",
     "ReduceOp",
     "RemoveProcessSetRequest",
+    "StreamHeartbeatAnswer",
     "ReportedMember",
     "Response",
     "ResponseList",
     "ResponseType",
     "TensorRequest",
 ]
-
-
-class OpType(enum.IntEnum):
-    """The collective a tensor request asks for (``hora.v1.OpType``)."""
-
-    UNSPECIFIED = 0
-    ALLREDUCE = 1
-    ALLGATHER = 2
-    BROADCAST = 3
-    ALLTOALL = 4
-    REDUCESCATTER = 5
-    BARRIER = 6
-    JOIN = 7
-
-
-class ReduceOp(enum.IntEnum):
-    """How an allreduce combines values (``hora.v1.ReduceOp``)."""
-
-    UNSPECIFIED = 0
-    AVERAGE = 1
-    SUM = 2
-    ADASUM = 3
-    MIN = 4
-    MAX = 5
-    PRODUCT = 6
-
-
-class ResponseType(enum.IntEnum):
-    """What a response tells the ranks to do (``hora.v1.ResponseType``).
-
-    The six collectives share their numbers with :class:`OpType`.
-    """
-
-    UNSPECIFIED = 0
-    ALLREDUCE = 1
-    ALLGATHER = 2
-    BROADCAST = 3
-    ALLTOALL = 4
-    REDUCESCATTER = 5
-    BARRIER = 6
-    ERROR = 7
-    JOIN = 8
-
-
-class ErrorKind(enum.IntEnum):
-    """Why an error response failed its tensors (``hora.v1.ErrorKind``)."""
-
-    UNSPECIFIED = 0
-    MISMATCH = 1
-    RANK_GONE = 2
-    INVALID = 3
 
 
 class EventType(enum.IntEnum):
@@ -202,118 +156,6 @@ class RemoveProcessSetRequest:
     invalid: str = ""
 
 
-class TensorRequest(Protocol):
-    """What the negotiation table reads of one rank's request for one tensor.
-
-    ``hora.v1.TensorRequest`` satisfies it as it is (see the module docstring).
-    """
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def op_type(self) -> int: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def shape(self) -> Sequence[int]: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def reduce_op(self) -> int: ...
-    @property
-    def root_rank(self) -> int: ...
-    @property
-    def prescale_factor(self) -> float: ...
-    @property
-    def postscale_factor(self) -> float: ...
-    @property
-    def process_set_id(self) -> int: ...
-    @property
-    def splits(self) -> Sequence[int]: ...
-    @property
-    def group_id(self) -> int: ...
-    @property
-    def group_size(self) -> int: ...
-    @property
-    def invalid(self) -> str: ...
-    @property
-    def resent(self) -> bool: ...
-    @property
-    def received_list(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class PlainTensorRequest:
-    """A :class:`TensorRequest` as a plain dataclass (``hora.v1.TensorRequest``'s fields)."""
-
-    name: str = ""
-    op_type: int = OpType.UNSPECIFIED
-    dtype: str = ""
-    shape: tuple[int, ...] = ()
-    device: str = ""
-    reduce_op: int = ReduceOp.UNSPECIFIED
-    root_rank: int = 0
-    prescale_factor: float = 0.0
-    postscale_factor: float = 0.0
-    process_set_id: int = 0
-    splits: tuple[int, ...] = ()
-    group_id: int = 0
-    group_size: int = 0
-    invalid: str = ""
-    resent: bool = False
-    received_list: int = 0
-
-
-@dataclass(frozen=True)
-class Response:
-    """What the ranks of a process set run next, or why they cannot (``hora.v1.Response``).
-
-    Attributes:
-        type: The collective, ERROR or JOIN.
-        tensor_names: The tensors it covers, in fusion order.
-        process_set_id: The set it runs on.
-        first_dims: Allgather only: each set rank's first dimension, in set order.
-        splits: Alltoall only: the sender-major split matrix.
-        error_message: ERROR only: the text every recipient raises.
-        error_kind: ERROR only: why.
-        join_fill: Allreduces that some joined rank never submitted: the
-            request of a rank that did, per name, in name order.
-        last_joined_rank: JOIN only: the rank that joined last.
-    """
-
-    type: ResponseType
-    tensor_names: tuple[str, ...] = ()
-    process_set_id: int = 0
-    first_dims: tuple[int, ...] = ()
-    splits: tuple[int, ...] = ()
-    error_message: str = ""
-    error_kind: ErrorKind = ErrorKind.UNSPECIFIED
-    join_fill: tuple[TensorRequest, ...] = ()
-    last_joined_rank: int = 0
-
-
-@dataclass(frozen=True)
-class ResponseList:
-    """Responses every recipient runs in this order (``hora.v1.ResponseList``).
-
-    ``number`` counts the lists sent to every rank of one process set, per set
-    and generation, from 1; 0 on a list for one rank only.
-    """
-
-    responses: tuple[Response, ...] = ()
-    number: int = 0
-
-
-@dataclass(frozen=True)
-class ReceivedLists:
-    """What a worker opening its stream again has received of one process set
-    (``hora.v1.ReceivedLists``): the last list's number and the newest lists."""
-
-    process_set_id: int
-    last_number: int
-    recent: tuple[ResponseList, ...] = ()
-
-
 @dataclass(frozen=True)
 class Event:
     """Something members should hear of (``hora.v1.Event``).
@@ -331,6 +173,26 @@ class Event:
     missing_ranks: tuple[int, ...] = ()
     unix_ms: int = 0
     ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    """A renewed lease and the job's state (``hora.v1.HeartbeatResponse``)."""
+
+    generation: int
+    job_state: JobState
+    lease_ms: int
+    failure: str
+    host_update_epoch: int
+    removals_only: bool
+    interval_ms: int = 0
+
+@dataclass(frozen=True)
+class StreamHeartbeatAnswer:
+    """The answer to a heartbeat on a negotiation stream (``hora.v1.StreamHeartbeatAnswer``)."""
+
+    sequence: int
+    state: HeartbeatReply
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,7 @@ class _Sampler:
     def __call__(self, job: state.Job) -> JobSample:
         boxes, waiting = self._held.get(job.job_id, (0, 0))
         reported = state.active_telemetry(job)
+        runtime = self._c.runtimes.get(job.job_id)
         return JobSample(
             job_id=job.job_id,
             phase=job.phase,
@@ -131,12 +132,12 @@ class _Sampler:
             generation=job.generation,
             reset_count=job.reset_count,
             members=tuple(_member_counts(job).items()),
-            stream_messages=self._c.messages_queued.get(job.job_id, 0),
+            stream_messages=runtime.messages_queued if runtime is not None else 0,
             outboxes=boxes,
             queued=waiting,
             events_dropped=job.events_dropped,
             heartbeats=tuple(
-                (transport, self._c.heartbeats.get((job.job_id, transport), 0))
+                (transport, runtime.heartbeats.get(transport, 0) if runtime is not None else 0)
                 for transport in ("unary", "stream")
             ),
             lease_s=(lease := self._c.lease_of(job)).lease_s,

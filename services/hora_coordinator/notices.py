@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
+from hora_negotiation import format_ranks
+
 from .messages import CoordinatorMessage, Event, EventType
-from .negotiation import format_ranks
 
 __all__ = ["DepartureNotices", "is_departure"]
 

@@ -10,10 +10,10 @@ member is lost like one whose connection broke.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["STREAM_END", "Outbox", "outbox_counts"]
+__all__ = ["STREAM_END", "Outbox"]
 
 # Put in an outbox to end its stream; the bound never refuses it.
 STREAM_END = None
@@ -46,12 +46,3 @@ class Outbox(asyncio.Queue):  # of npb.CoordinatorMessage | None
         if self.overflowed and item is not STREAM_END:
             return
         super().put_nowait(item)
-
-
-def outbox_counts(outboxes: Mapping[tuple[str, str], Outbox]) -> dict[str, tuple[int, int]]:
-    """By job: the outboxes held for its members, and the messages waiting in them."""
-    counts: dict[str, tuple[int, int]] = {}
-    for (job_id, _), box in outboxes.items():
-        boxes, queued = counts.get(job_id, (0, 0))
-        counts[job_id] = (boxes + 1, queued + box.qsize())
-    return counts

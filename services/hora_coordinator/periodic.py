@@ -12,10 +12,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from hora_proto.v1 import rendezvous_pb2 as rpb
-
 from . import state
-from .outbox import Outbox
+from .runtime import JobRuntime, Jobs
 from .settings import CoordinatorSettings
 
 __all__ = ["SAMPLE_INTERVAL_S", "PeriodicChecks"]
@@ -31,14 +29,11 @@ class PeriodicChecks:
 
     settings: CoordinatorSettings
     clock: Callable[[], float]
-    jobs: dict[str, state.Job]
-    leases: dict[str, state.Lease]
+    jobs: Jobs
+    runtimes: dict[str, JobRuntime]
     lease_policy: state.LeasePolicy
     _backlog_s: float
     _probe_started: float | None
-    _joins: dict[tuple[str, str], asyncio.Future[rpb.WorldView]]
-    _open_streams: dict[tuple[str, str, int], Outbox]
-    _ended_since: dict[str, float]
     apply: Callable[[state.Job, Iterable[state.Effect]], None]
     lease_of: Callable[[state.Job], state.Lease]
     deliver_notices: Callable[[], None]
@@ -49,10 +44,12 @@ class PeriodicChecks:
         every running job, and runs the deadlines of every elastic round that gathers."""
         now = self.clock()
         self.deliver_notices()
-        self.leases = state.plan_leases(
+        leases = state.plan_leases(
             {job.job_id: state.heartbeating_members(job) for job in self.jobs.values()},
             self.lease_policy,
         )
+        for job_id, runtime in self.runtimes.items():
+            runtime.lease = leases.get(job_id)
         backlog = self.backlog_s()
         for job in list(self.jobs.values()):
             if job.phase is state.JobPhase.RUNNING or job.round is not None:
@@ -154,14 +151,19 @@ class PeriodicChecks:
         worker that joins the same job id later starts a new job.
         """
         job_id = job.job_id
+        runtime = self.runtimes.get(job_id)
+        if runtime is None or runtime.job is not job:
+            return
         done = (job.phase in (state.JobPhase.FINISHED, state.JobPhase.FAILED)
                 and job.round is None
-                and not any(key[0] == job_id for key in self._joins)
-                and not any(key[0] == job_id for key in self._open_streams))
+                and not runtime.joins
+                and not runtime.open_streams)
         if not done:
-            self._ended_since.pop(job_id, None)
+            runtime.ended_since = None
             return
-        since = self._ended_since.setdefault(job_id, now)
+        if runtime.ended_since is None:
+            runtime.ended_since = now
+        since = runtime.ended_since
         if now - since < self.settings.job_retention.total_seconds():
             return
         self._forget(job_id)
@@ -170,7 +172,9 @@ class PeriodicChecks:
 
     def _forget_first_ended(self) -> bool:
         """Forgets the job that ended first, before its retention, to make room; whether any."""
-        first = min(self._ended_since, key=self._ended_since.__getitem__, default=None)
+        ended = {job_id: runtime.ended_since for job_id, runtime in self.runtimes.items()
+                 if runtime.ended_since is not None}
+        first = min(ended, key=ended.__getitem__, default=None)
         if first is not None:
             self._forget(first)
             logger.info("job %s ended; forgotten early to make room (max_jobs)", first)

@@ -7,11 +7,13 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from hora_negotiation import SetCallKind
+
 from . import state
 from .errors import SupersededError
 from .limits import shown_id
 from .messages import AddProcessSetRequest, RemoveProcessSetRequest
-from .negotiation import SetCallKind
+from .runtime import JobRuntime
 
 __all__ = ["ProcessSetCalls"]
 
@@ -22,7 +24,7 @@ class ProcessSetCalls:
     """Waiting process set calls, and their answers (mixed into the coordinator)."""
 
     clock: Callable[[], float]
-    _set_calls: dict[tuple[str, str, SetCallKind], asyncio.Future[None]]
+    runtimes: dict[str, JobRuntime]
     apply: Callable[[state.Job, Iterable[state.Effect]], None]
     job: Callable[[str], state.Job]
 
@@ -71,8 +73,9 @@ class ProcessSetCalls:
         raises SupersededError); cancelling the call (the caller's deadline)
         withdraws it.
         """
-        key = (job.job_id, worker_id, kind)
-        previous = self._set_calls.pop(key, None)
+        set_calls = self.runtimes[job.job_id].set_calls
+        key = (worker_id, kind)
+        previous = set_calls.pop(key, None)
         if previous is not None and not previous.done():
             previous.set_exception(
                 SupersededError(
@@ -81,24 +84,27 @@ class ProcessSetCalls:
                 )
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._set_calls[key] = waiter
+        set_calls[key] = waiter
         try:
             self.apply(job, transition())
         except BaseException:
-            if self._set_calls.get(key) is waiter:
-                del self._set_calls[key]
+            if set_calls.get(key) is waiter:
+                del set_calls[key]
             raise
         try:
             await waiter
         except asyncio.CancelledError:
-            if self._set_calls.get(key) is waiter:
-                del self._set_calls[key]
+            if set_calls.get(key) is waiter:
+                del set_calls[key]
                 self.apply(job, state.withdraw_set_call(job, worker_id, generation, kind))
             raise
 
     def _answer(self, job_id: str, answer: state.Answer) -> None:
+        runtime = self.runtimes.get(job_id)
+        if runtime is None:
+            return
         for worker_id in answer.worker_ids:
-            waiter = self._set_calls.pop((job_id, worker_id, answer.kind), None)
+            waiter = runtime.set_calls.pop((worker_id, answer.kind), None)
             if waiter is None or waiter.done():
                 continue
             if answer.error is None:

@@ -1,6 +1,6 @@
 """The wire adapter: the coordinator's domain objects to and from ``hora.v1`` protobuf.
 
-The transitions (:mod:`.state`, :mod:`.negotiation`) speak the plain
+The transitions (:mod:`.state`, :mod:`hora_negotiation`) speak the plain
 dataclasses of :mod:`.messages` and :mod:`.state.views`; the servicer and the
 coordinator's executor call this module, and only this module, to turn
 requests off the wire into those and answers back into stubs. Field names are
@@ -8,13 +8,17 @@ the same on both sides and enum numbers equal, so each conversion is a field
 by field copy.
 
 Tensor requests are the one type not converted: the negotiation table reads
-the ``hora.v1.TensorRequest`` messages as they arrive (see :mod:`.messages`).
+the ``hora.v1.TensorRequest`` messages as they arrive (see
+:mod:`hora_negotiation.messages`). The negotiation's answers are encoded by
+:mod:`hora_negotiation.wire` (:func:`response_pb`, :func:`tensor_request_pb`),
+which a world of one shares, and re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from hora_negotiation.wire import response_pb, tensor_request_pb
 from hora_proto.v1 import negotiation_pb2 as npb
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
@@ -309,7 +313,6 @@ def heartbeat_pb(reply: HeartbeatReply) -> rpb.HeartbeatResponse:
     )
 
 
-
 def list_events_response_pb(events: Iterable[JobEvent]) -> rpb.ListEventsResponse:
     """A job's event log as ListEvents' answer, in the same order."""
     return rpb.ListEventsResponse(events=[
@@ -327,45 +330,6 @@ def list_events_response_pb(events: Iterable[JobEvent]) -> rpb.ListEventsRespons
 
 
 # ---- outgoing: negotiation --------------------------------------------------------------
-
-
-def tensor_request_pb(request: TensorRequest) -> npb.TensorRequest:
-    """A tensor request as a message; one that is a message already comes back as it is."""
-    if isinstance(request, npb.TensorRequest):
-        return request
-    return npb.TensorRequest(
-        name=request.name,
-        op_type=request.op_type,  # type: ignore[arg-type]
-        dtype=request.dtype,
-        shape=request.shape,
-        device=request.device,
-        reduce_op=request.reduce_op,  # type: ignore[arg-type]
-        root_rank=request.root_rank,
-        prescale_factor=request.prescale_factor,
-        postscale_factor=request.postscale_factor,
-        process_set_id=request.process_set_id,
-        splits=request.splits,
-        group_id=request.group_id,
-        group_size=request.group_size,
-        invalid=request.invalid,
-        resent=request.resent,
-        received_list=request.received_list,
-    )
-
-
-def response_pb(response: Response) -> npb.Response:
-    """One response as a message."""
-    return npb.Response(
-        type=response.type,  # type: ignore[arg-type]
-        tensor_names=response.tensor_names,
-        process_set_id=response.process_set_id,
-        first_dims=response.first_dims,
-        splits=response.splits,
-        error_message=response.error_message,
-        error_kind=response.error_kind,  # type: ignore[arg-type]
-        join_fill=[tensor_request_pb(r) for r in response.join_fill],
-        last_joined_rank=response.last_joined_rank,
-    )
 
 
 def event_pb(event: Event) -> npb.Event:

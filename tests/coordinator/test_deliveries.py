@@ -14,7 +14,7 @@ from coordinator_transitions import form, sends, submit, treq
 
 from hora_coordinator import state, wire
 from hora_coordinator.messages import CoordinatorMessage, ReceivedLists, ResponseList
-from hora_coordinator.negotiation.deliveries import HISTORY
+from hora_negotiation.deliveries import HISTORY
 from hora_proto.v1 import negotiation_pb2 as npb
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

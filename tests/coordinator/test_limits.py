@@ -101,7 +101,7 @@ def test_status_details_are_cut_to_fit_a_trailer_once_percent_encoded():
     ],
 )
 def test_a_tensor_error_stays_a_few_kib_whatever_the_ranks_sent(field, values):
-    from hora_coordinator.negotiation import NegotiationTable
+    from hora_negotiation import NegotiationTable
 
     size = 64
     table = NegotiationTable(size, 0)

@@ -12,7 +12,7 @@ from hora_coordinator.errors import (
     PreconditionError,
     StaleGenerationError,
 )
-from hora_coordinator.negotiation import NegotiationTable
+from hora_negotiation import NegotiationTable
 from hora_proto.v1 import negotiation_pb2 as npb
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

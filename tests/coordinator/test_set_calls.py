@@ -17,9 +17,9 @@ from hora_coordinator.errors import (
     PreconditionError,
     RankGoneError,
 )
-from hora_coordinator.local import LocalNegotiation
 from hora_coordinator.messages import AddProcessSetRequest, RemoveProcessSetRequest
-from hora_coordinator.negotiation import SetCallKind
+from hora_negotiation import SetCallKind
+from hora_negotiation.solo import LocalNegotiation
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -23,7 +23,7 @@ from hora_coordinator.errors import (
     RoundFullError,
     StaleGenerationError,
 )
-from hora_coordinator.negotiation import NegotiationTable, format_ranks, request_nbytes
+from hora_negotiation import NegotiationTable, format_ranks, request_nbytes
 from hora_proto.v1 import negotiation_pb2 as npb
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

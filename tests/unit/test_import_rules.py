@@ -2,13 +2,22 @@
 
 - ``hora_proto`` (the contract) imports none of the other three packages;
 - ``hora_coordinator`` and ``hora_native`` never import ``hora``;
-- ``hora`` reaches ``hora_coordinator`` only through ``hora.runner.embedded``;
+- ``hora`` reaches ``hora_coordinator`` only through ``hora.runner.embedded``,
+  and ``hora_negotiation`` (the negotiation table a world of one runs) only
+  through ``hora._solo``;
+- ``hora_negotiation`` imports neither the service nor the client, nor any
+  server or event loop (grpc, asyncio, FastAPI, uvicorn), not even for types;
 - ``hora.world``, the framework-neutral API, needs no framework binding, and
   ``hora.torch`` and ``hora.tensorflow`` take it from there;
-- no package has an import cycle between its modules (type-only imports aside).
+- no package has an import cycle between its modules, type-only imports
+  (``if TYPE_CHECKING:``) included.
 """
 
 from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -16,13 +25,20 @@ grimp = pytest.importorskip("grimp")
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
-PACKAGES = ("hora", "hora_coordinator", "hora_native", "hora_proto")
+PACKAGES = ("hora", "hora_coordinator", "hora_native", "hora_negotiation", "hora_proto")
 ENTRY_POINT = "hora.runner.embedded"
+SOLO = "hora._solo"
 
 
 @pytest.fixture(scope="module")
 def graph():
     return grimp.build_graph(*PACKAGES, exclude_type_checking_imports=True)
+
+
+@pytest.fixture(scope="module")
+def typed_graph():
+    """The graph with the imports made for type checking only, too."""
+    return grimp.build_graph(*PACKAGES, exclude_type_checking_imports=False, cache_dir=None)
 
 
 def _imports(graph, module: str) -> set[str]:
@@ -51,12 +67,61 @@ def test_the_contract_imports_no_other_package(graph):
 
 def test_the_coordinator_and_the_data_plane_never_import_the_client(graph):
     assert _violations(graph, "hora_coordinator", {"hora"}) == []
-    assert _violations(graph, "hora_native", {"hora", "hora_coordinator"}) == []
+    assert _violations(graph, "hora_native", {"hora", "hora_coordinator", "hora_negotiation"}) == []
 
 
 def test_the_client_reaches_the_coordinator_through_one_entry_point(graph):
     assert ENTRY_POINT in graph.modules
     assert _violations(graph, "hora", {"hora_coordinator"}, frozenset({ENTRY_POINT})) == []
+
+
+def test_a_world_of_one_takes_the_negotiation_table_without_the_service(graph):
+    """``hora._solo`` imports ``hora_negotiation`` itself, not the launcher's door."""
+    assert "hora_negotiation.solo" in _imports(graph, SOLO)
+    assert ENTRY_POINT not in graph.find_upstream_modules(SOLO)
+    assert _violations(graph, "hora", {"hora_negotiation"}, frozenset({SOLO})) == []
+
+
+# What the negotiation package must not import, at run time or for types.
+NOT_IN_NEGOTIATION = {"hora", "hora_coordinator", "hora_native", "grpc", "grpc_health",
+                      "asyncio", "fastapi", "starlette", "uvicorn"}
+
+
+def _imported_tops(package: str) -> dict[str, set[str]]:
+    """Every top-level module each module of ``package`` imports, read from its
+    source (ast): imports inside functions and under ``if TYPE_CHECKING:`` included."""
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations
+    found: dict[str, set[str]] = {}
+    for path in sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.py")):
+        tops: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                tops.update(alias.name.split(".", 1)[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                tops.add(node.module.split(".", 1)[0])
+        found[path.name] = tops
+    return found
+
+
+def test_the_negotiation_package_needs_no_server_loop_or_service():
+    imported = _imported_tops("hora_negotiation")
+    assert "table.py" in imported and "solo.py" in imported
+    assert {name: sorted(tops & NOT_IN_NEGOTIATION) for name, tops in imported.items()
+            if tops & NOT_IN_NEGOTIATION} == {}
+
+
+def test_the_import_reader_sees_type_only_and_nested_imports(tmp_path, monkeypatch):
+    """The check above can fail: imports under TYPE_CHECKING and in functions count."""
+    package = tmp_path / "leakypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import grpc\n")
+    (package / "a.py").write_text("def f():\n    import asyncio.events\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    imported = _imported_tops("leakypkg")
+    assert imported["__init__.py"] & NOT_IN_NEGOTIATION == {"grpc"}
+    assert imported["a.py"] & NOT_IN_NEGOTIATION == {"asyncio"}
 
 
 BINDINGS = ("hora.torch", "hora.tensorflow", "hora.keras", "hora.lightning")
@@ -117,8 +182,8 @@ def _cycles(graph) -> list[list[str]]:
     return groups
 
 
-def test_no_module_import_cycles(graph):
-    assert _cycles(graph) == []
+def test_no_module_import_cycles(typed_graph):
+    assert _cycles(typed_graph) == []
 
 
 def test_the_cycle_finder_finds_a_cycle(tmp_path, monkeypatch):
@@ -130,3 +195,16 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path, monkeypatch):
     (package / "b.py").write_text("def f():\n    from . import a\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert _cycles(grimp.build_graph("cyclepkg")) == [["cyclepkg.a", "cyclepkg.b"]]
+
+
+def test_the_cycle_finder_counts_type_only_imports(tmp_path, monkeypatch):
+    """A cycle closed only by an ``if TYPE_CHECKING:`` import is a cycle too."""
+    package = tmp_path / "typecyclepkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from . import b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = grimp.build_graph("typecyclepkg", exclude_type_checking_imports=False)
+    assert _cycles(graph) == [["typecyclepkg.a", "typecyclepkg.b"]]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hora_negotiation import SetCallKind
+
 from ..errors import CoordinatorError
 from ..messages import CoordinatorMessage, Event, EventType, Response, ResponseList
-from ..negotiation import SetCallKind
 from .job import Job, Member, MemberState
 from .views import WorldView
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from hora_negotiation import NegotiationTable
 from hora_proto.placement import place
 
 from ..errors import JobFailedError
 from ..messages import EventType
-from ..negotiation import NegotiationTable
 from .effects import Admit, Effect, Log, NewGeneration, Reject, Send, event_message
 from .job import Job, JobPhase, Joiner, Member, Round, record
 from .process_sets import abandon_set_calls

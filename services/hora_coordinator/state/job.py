@@ -7,8 +7,9 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from hora_negotiation import NegotiationTable
+
 from ..messages import JoinRequest
-from ..negotiation import NegotiationTable
 from .telemetry import RankTelemetry, Series
 
 __all__ = [

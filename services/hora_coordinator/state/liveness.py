@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 
+from hora_negotiation import PendingTensor, describe_waits, format_ranks
+
 from ..messages import EventType
-from ..negotiation import PendingTensor, describe_waits, format_ranks
 from .departures import lose
 from .effects import Effect, Log, Send, event_message
 from .elastic import check_newcomers, check_round

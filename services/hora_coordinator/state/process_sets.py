@@ -3,7 +3,7 @@
 :func:`call_add_process_set` and :func:`call_remove_process_set` check the
 caller (an ACTIVE member of the running generation) and hand its call to the
 table, which gathers every rank's call and decides once
-(:mod:`hora_coordinator.negotiation.set_calls`). The decision becomes one
+(:mod:`hora_negotiation.set_calls`). The decision becomes one
 :class:`~.effects.Answer` to every caller: the coordinator resolves their
 waiting calls with it. A call that can never complete ends the same way:
 :func:`abandon_set_calls` when a member departs or the generation ends,
@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 
+from hora_negotiation import SetCall, SetCallKind, SetCallResult, format_ranks
+
 from ..messages import AddProcessSetRequest, RemoveProcessSetRequest
-from ..negotiation import SetCall, SetCallKind, SetCallResult, format_ranks
 from .effects import Answer, Effect, Log, send_by_rank
 from .job import Job, JobPhase
 from .streams import active_member

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 
+from hora_negotiation import NegotiationTable
 from hora_proto.placement import place
 
 from ..errors import InvalidRequestError, JobFailedError, PreconditionError, StaleGenerationError
 from ..messages import ReattachRequest
-from ..negotiation import NegotiationTable
 from .effects import Effect, Log
 from .elastic import elastic_bounds_of
 from .job import EVENT_LOG_LIMIT, Job, JobPhase, Member, MemberState, new_job, record, round_config

@@ -122,7 +122,7 @@ def handle_requests(
 def redeliver(job: Job, member: Member, received: Iterable[ReceivedLists]) -> list[Effect]:
     """A member opened its stream (again) and reported the lists it received:
     re-sends, in order, every numbered list some reporting member lacks
-    (:mod:`..negotiation.deliveries`), and withdraws from the table the
+    (:mod:`hora_negotiation.deliveries`), and withdraws from the table the
     requests those lists answer on that member (sent again before they came)."""
     table = job.table
     member_of = [s.id for s in table.process_sets.values() if member.rank in s.members]

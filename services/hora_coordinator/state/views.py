@@ -1,10 +1,10 @@
 """What members and readers see of a job: world views, heartbeat replies, the event
 log, and the active ranks' telemetry sampled into the job's series.
 
-:class:`WorldView`, :class:`WorldMember`, :class:`HeartbeatReply` and
-:class:`StreamHeartbeatAnswer` are the twins of ``hora.v1.WorldView``,
-``Member``, ``HeartbeatResponse`` and ``StreamHeartbeatAnswer`` (same field
-names); :mod:`hora_coordinator.wire` encodes them.
+:class:`WorldView` and :class:`WorldMember` are the twins of ``hora.v1.WorldView``
+and ``Member`` (same field names); :mod:`hora_coordinator.wire` encodes them.
+The heartbeat answers' twins (:class:`HeartbeatReply`, :class:`StreamHeartbeatAnswer`)
+are in :mod:`hora_coordinator.messages`, re-exported here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidRequestError, UnknownError, shown_id
-from ..messages import JobState
+from ..messages import HeartbeatReply, JobState, StreamHeartbeatAnswer
 from .job import Job, JobEvent, JobPhase, Member, MemberState, record
 from .telemetry import RankTelemetry, Sample
 
@@ -70,27 +70,6 @@ class WorldView:
     members: tuple[WorldMember, ...]
     store_prefix: str
     host_update_epoch: int = 0
-
-
-@dataclass(frozen=True)
-class HeartbeatReply:
-    """A renewed lease and the job's state (``hora.v1.HeartbeatResponse``)."""
-
-    generation: int
-    job_state: JobState
-    lease_ms: int
-    failure: str
-    host_update_epoch: int
-    removals_only: bool
-    interval_ms: int = 0
-
-
-@dataclass(frozen=True)
-class StreamHeartbeatAnswer:
-    """The answer to a heartbeat on a negotiation stream (``hora.v1.StreamHeartbeatAnswer``)."""
-
-    sequence: int
-    state: HeartbeatReply
 
 
 def world_members(job: Job) -> tuple[WorldMember, ...]:

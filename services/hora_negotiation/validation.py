@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..messages import OpType, ReduceOp
+from .messages import OpType, ReduceOp
 from .pending import PendingTensor
 
 __all__ = [

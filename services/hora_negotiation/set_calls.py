@@ -23,8 +23,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import CallTimeoutError, CoordinatorError, RankGoneError
-from ..messages import Response
+from .errors import CallTimeoutError, CoordinatorError, RankGoneError
+from .messages import Response
 from .validation import QUOTE_LIMIT, clipped, format_ranks, listing
 
 __all__ = [

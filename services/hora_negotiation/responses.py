@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hora_proto.tensors import fusion_key
 
-from ..messages import ErrorKind, OpType, Response, ResponseType, TensorRequest
+from .messages import ErrorKind, OpType, Response, ResponseType, TensorRequest
 from .pending import PendingTensor, SetMembers, request_nbytes
 from .validation import alltoall_splits, format_ranks, invalid_calls, op_name, validate
 

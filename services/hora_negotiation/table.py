@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import InvalidRequestError, RankGoneError
-from ..messages import ErrorKind, OpType, Response, ResponseList, TensorRequest
 from .deliveries import Deliveries
+from .errors import InvalidRequestError, RankGoneError
+from .messages import ErrorKind, OpType, Response, ResponseList, TensorRequest
 from .pending import PendingTensor, SetMembers
 from .responses import (
     Ready,

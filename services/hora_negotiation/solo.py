@@ -3,7 +3,9 @@
 A script started without ``horarun`` is a world of one, as in Horovod. It
 needs no coordinator server, but its collectives must still be checked and
 answered exactly as the coordinator would: this runs the coordinator's own
-negotiation table for one rank, with no thread, socket or store.
+negotiation table for one rank, with no thread, socket or store, and
+without the coordinator service: the trainer (``hora._solo``) imports this
+package directly.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
+from hora_negotiation import NegotiationTable, SetCall, SetCallKind, SetCallResult
 from hora_proto.v1 import negotiation_pb2 as npb
 
 from .messages import Response
-from .negotiation import NegotiationTable, SetCall, SetCallKind, SetCallResult
 from .wire import response_pb
 
 __all__ = ["LocalNegotiation"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..messages import ReceivedLists, ResponseList, TensorRequest
+from .messages import ReceivedLists, ResponseList, TensorRequest
 
 __all__ = ["HISTORY", "Deliveries", "Redelivery"]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from hora_proto.tensors import tensor_nbytes
 
-from ..messages import OpType, TensorRequest
+from .messages import OpType, TensorRequest
 
 __all__ = ["PendingTensor", "SetMembers", "describe_waits", "request_nbytes"]
 
