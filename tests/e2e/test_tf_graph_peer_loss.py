@@ -42,7 +42,7 @@ def test_graph_op_fails_when_its_peer_is_killed_inside_the_collective(tmp_path):
     assert survivor.error_type is None, describe(results)
     report = survivor.value
     assert report["warm"] == [3.0] * 4, report
-    assert report["how"] == "raised", describe(results)
+    assert report["how"] == "raised", (report, describe(results))
     # TensorFlow's OpError, with the engine's error behind it: elastic resets on it.
     assert "HorovodInternalError" in report["behind"], report
     assert report["next"] == "raised", report

@@ -81,6 +81,12 @@ def graph_op_when_peer_dies(victim: int) -> dict:
     started = time.monotonic()
     how, what = _in_thread(lambda: step(x).numpy().tolist(), DEADLINE_S)
     report: dict = {"warm": warmed, "how": how, "seconds": time.monotonic() - started}
+    if how == "hung":  # what the engine knew meanwhile, for the failure message
+        from hora import _runtime
+
+        engine = _runtime.current().engine
+        report.update(failure=repr(engine.failure()),
+                      still_pending=sorted(engine._pending.entries))
     if how == "raised":
         assert isinstance(what, BaseException)
         behind = engine_error(what)
