@@ -43,6 +43,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -254,16 +255,19 @@ def _write_outputs(native: Any, request: int, outputs: list[np.ndarray],
 
 
 def _complete(native: Any, completions: queue.SimpleQueue[Any]) -> None:
+    watch_at = time.monotonic() + _WATCH_S
     while True:
         try:
-            item = completions.get(timeout=_WATCH_S)
+            item = completions.get(timeout=max(0.0, watch_at - time.monotonic()))
         except queue.Empty:
             item = ()
         if item is None:
             return
         if item:
             _finish(native, *item)
-        _fail_abandoned(native)
+        if time.monotonic() >= watch_at:  # (not per op: a step has hundreds in flight)
+            _fail_abandoned(native)
+            watch_at = time.monotonic() + _WATCH_S
 
 
 def _finish(native: Any, request: int, handle_id: int, how: tuple[Any, list[np.dtype]]
