@@ -17,6 +17,17 @@ Two threads per process serve the requests:
   results into the op's outputs (or sets its error status with TensorFlow's
   code for the error) and calls the op's ``done``.
 
+Nobody waits on a graph op's engine handle (an eager call's ``synchronize``
+polls the engine's failure while it waits; a graph op only has the done
+callback), so the completer also watches the ops in flight: every
+``_WATCH_S`` it fails, with the engine's error, each op whose engine has
+failed or shut down while its handle is still not done. An engine can fail
+without completing a handle: a tensor it had taken out of its pending table
+for the data plane when the data plane broke (a peer killed mid-collective)
+is never completed, and its op, and the ``tf.function`` or Keras step
+waiting on it, would wait forever. A failed engine refuses new calls, so an
+op submitted to it fails at once, in the dispatcher, with the same error.
+
 A kernel here is ``start(*arrays) -> (handle, convert)``: it starts one
 engine call on numpy inputs and returns its integer handle and a function
 from the call's result to the output arrays. Without a C++ compiler the ops
@@ -32,6 +43,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +51,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from .. import _runtime
 from .. import world as _basics
 from ..torch import mpi_ops as _engine_ops
 from . import _build, _errors
@@ -53,6 +66,12 @@ _MAX_DIMS = 32
 _calls: dict[int, tuple[Kernel, list[np.dtype]]] = {}
 _call_ids = itertools.count(1)
 _lock = threading.Lock()
+# Ops started and not finished: request -> (handle id, its handle, the engine it went to).
+# Whoever pops a request finishes its op: the completer, or the watch (_fail_abandoned).
+_in_flight: dict[int, tuple[int, Any, Any]] = {}
+_in_flight_lock = threading.Lock()
+# How often the completer looks for ops whose engine failed under them.
+_WATCH_S = 0.5
 _library: Any = None  # (the op module, the ctypes library), or False: none could be built
 
 
@@ -188,18 +207,33 @@ def _when_done(handle: Any, callback: Callable[[], None]) -> None:
         part.add_done_callback(one_done)
 
 
+def _claim(request: int) -> tuple[int, Any, Any] | None:
+    """Takes ``request`` out of the ops in flight; None when another thread finished it."""
+    with _in_flight_lock:
+        return _in_flight.pop(request, None)
+
+
 def _dispatch(native: Any, completions: queue.SimpleQueue[Any]) -> None:
     while not _stopping.is_set():
         request = native.hora_tf_next(200)
         if not request:
             continue
+        registered = False
         try:
             kernel, dtypes = _calls[native.hora_tf_call_id(request)]
+            # The engine the kernel submits to (NotInitializedError between generations:
+            # the kernel's own submission would raise it too).
+            engine = _runtime.current().engine
             handle_id, convert = kernel(*_read_inputs(native, request))
-            _when_done(_basics._lookup(handle_id), functools.partial(
+            handle = _basics._lookup(handle_id)
+            with _in_flight_lock:
+                _in_flight[request] = (handle_id, handle, engine)
+            registered = True
+            _when_done(handle, functools.partial(
                 completions.put, (request, handle_id, (convert, dtypes))))
         except BaseException as exc:  # noqa: BLE001 - the op fails with it, the thread goes on
-            _fail(native, request, exc)
+            if not registered or _claim(request) is not None:  # (else it is finished)
+                _fail(native, request, exc)
 
 
 def _write_outputs(native: Any, request: int, outputs: list[np.ndarray],
@@ -221,14 +255,45 @@ def _write_outputs(native: Any, request: int, outputs: list[np.ndarray],
 
 
 def _complete(native: Any, completions: queue.SimpleQueue[Any]) -> None:
+    watch_at = time.monotonic() + _WATCH_S
     while True:
-        item = completions.get()
+        try:
+            item = completions.get(timeout=max(0.0, watch_at - time.monotonic()))
+        except queue.Empty:
+            item = ()
         if item is None:
             return
-        request, handle_id, (convert, dtypes) = item
-        try:
-            _write_outputs(native, request, convert(_engine_ops.synchronize(handle_id)), dtypes)
-        except BaseException as exc:  # noqa: BLE001 - the op fails with it, the thread goes on
-            _fail(native, request, exc)
-        else:
-            native.hora_tf_finish(request, 0, b"")
+        if item:
+            _finish(native, *item)
+        if time.monotonic() >= watch_at:  # (not per op: a step has hundreds in flight)
+            _fail_abandoned(native)
+            watch_at = time.monotonic() + _WATCH_S
+
+
+def _finish(native: Any, request: int, handle_id: int, how: tuple[Any, list[np.dtype]]
+            ) -> None:
+    """Completes the op of a done handle (unless the watch failed it first)."""
+    if _claim(request) is None:
+        return
+    convert, dtypes = how
+    try:
+        _write_outputs(native, request, convert(_engine_ops.synchronize(handle_id)), dtypes)
+    except BaseException as exc:  # noqa: BLE001 - the op fails with it, the thread goes on
+        _fail(native, request, exc)
+    else:
+        native.hora_tf_finish(request, 0, b"")
+
+
+def _fail_abandoned(native: Any) -> None:
+    """Fails, with its engine's error, every op whose engine failed or shut down while
+    its handle is still not done: no stage of that engine will complete it any more."""
+    with _in_flight_lock:
+        abandoned = [(request, handle_id, engine.failure())
+                     for request, (handle_id, handle, engine) in _in_flight.items()
+                     if engine.failure() is not None and not handle.done()]
+        for request, _handle_id, _failure in abandoned:
+            del _in_flight[request]
+    for request, handle_id, failure in abandoned:
+        # (Its done callback, should it still come, finds the op finished.)
+        _basics._handles.release(handle_id)
+        _fail(native, request, failure)
