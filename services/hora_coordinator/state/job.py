@@ -7,6 +7,8 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from hora_proto.options import BY_FIELD
+
 from ..messages import JoinRequest
 from ..negotiation import NegotiationTable
 from .telemetry import RankTelemetry, Series
@@ -41,8 +43,8 @@ EVENT_LOG_LIMIT = 10_000
 #: bounded too, so is the memory its log takes.
 TEXT_LIMIT = 1024
 #: How long an elastic round waits for min_size workers when the first joiner
-#: sent ``elastic_timeout_ms`` 0 (Horovod's default elastic timeout).
-DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+#: sent ``elastic_timeout_ms`` 0: the option's default (Horovod's elastic timeout).
+DEFAULT_ELASTIC_TIMEOUT_S: float = BY_FIELD["elastic_timeout"].default.total_seconds()
 
 
 class JobPhase(enum.Enum):
