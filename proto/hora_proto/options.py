@@ -308,7 +308,7 @@ def parse_text(option: Option, name: str, text: str) -> Any:
     """
     try:
         return option.parse(text)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:  # overflow: a duration of 1e300 s
         raise OptionError(f"{name}={text!r}: {option.help}: {exc}") from exc
 
 

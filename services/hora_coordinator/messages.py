@@ -20,7 +20,7 @@ without protobuf.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -152,6 +152,9 @@ class JoinRequest:
     min_size: int = 0
     max_size: int = 0
     elastic_timeout_ms: int = 0
+    # The job-level options by field name as the worker sent them (see
+    # hora_proto.options); the fields above are their typed reading.
+    job_options: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

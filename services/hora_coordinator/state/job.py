@@ -73,6 +73,9 @@ class JobConfig:
     fusion_threshold_bytes: int = 0
     stall_warning_s: float = 0.0
     stall_shutdown_s: float = 0.0
+    # The joiner's job-level options as it sent them (hora_proto.options), for
+    # the REST view; the fields above are what the coordinator acts on.
+    job_options: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -285,6 +288,7 @@ def round_config(request: JoinRequest, size: int) -> JobConfig:
         fusion_threshold_bytes=max(0, request.fusion_threshold_bytes),
         stall_warning_s=max(0, request.stall_warning_ms) / 1000.0,
         stall_shutdown_s=max(0, request.stall_shutdown_ms) / 1000.0,
+        job_options=dict(request.job_options),
     )
 
 
