@@ -133,7 +133,8 @@ def default_of(option: Option) -> Any:
 
 def flag_value(option: Option, value: Any) -> Any:
     """The option's value for what its flag parsed (flag units to the option's)."""
-    assert option.flag is not None
+    if option.flag is None:
+        raise OptionError(f"option {option.field} has no flag")
     if option.kind == "seconds":
         return timedelta(seconds=value)
     if option.kind == "millis":
