@@ -265,11 +265,7 @@ class CoordinatorClient:
         return rendezvous_pb2.JoinRequest(
             job_id=s.job_id, worker_id=self.worker_id, host=s.hostname, pid=os.getpid(),
             expected_size=s.size, rank_hint=s.rank, data_plane_address=s.data_plane_address,
-            fusion_threshold_bytes=s.fusion_threshold,
-            stall_warning_ms=int(s.stall_warning_time.total_seconds() * 1000),
-            stall_shutdown_ms=int(s.stall_shutdown_time.total_seconds() * 1000),
-            min_size=s.min_size, max_size=s.max_size,
-            elastic_timeout_ms=int(s.elastic_timeout.total_seconds() * 1000),
+            job_options=s.job_options(),
         )
 
     def join(self) -> rendezvous_pb2.WorldView:

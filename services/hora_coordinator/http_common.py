@@ -109,6 +109,11 @@ class JobDetail(JobSummary):
     """A job and its members."""
 
     members: list[MemberView]
+    job_options: dict[str, str] = Field(
+        description="the job-level options (fusion threshold, stall times, elastic sizes "
+        "and timeout...) by name, as the job's first joiner sent them, in each option's "
+        "unit (seconds, bytes)"
+    )
 
 
 class Health(BaseModel):
@@ -272,6 +277,9 @@ async def job_detail_fields(job: state.Job, coordinator: Coordinator) -> dict[st
     joiners = list(job.round.joiners.values()) if job.round is not None else []
     members = await sliced(job.members, _member_fields)
     members += await sliced(joiners, _joiner_fields)
-    return {**_SummaryCopier(coordinator)(job), "members": members}
+    config = job.config if job.config is not None else (
+        job.round.config if job.round is not None else None)
+    options = dict(config.job_options) if config is not None else {}
+    return {**_SummaryCopier(coordinator)(job), "members": members, "job_options": options}
 
 

@@ -16,6 +16,7 @@ of one uses without this service, and re-exported here.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hora_negotiation.messages import (
@@ -106,6 +107,9 @@ class JoinRequest:
     min_size: int = 0
     max_size: int = 0
     elastic_timeout_ms: int = 0
+    # The job-level options by field name as the worker sent them (see
+    # hora_proto.options); the fields above are their typed reading.
+    job_options: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

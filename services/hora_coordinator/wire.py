@@ -16,9 +16,12 @@ which a world of one shares, and re-exported here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
 
 from hora_negotiation.wire import response_pb, tensor_request_pb
+from hora_proto.options import JOB_LEVEL, OptionError, job_value
 from hora_proto.v1 import negotiation_pb2 as npb
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
@@ -106,6 +109,8 @@ def rank_telemetry(owner: rpb.HeartbeatRequest | npb.StreamHeartbeat) -> RankTel
     )
 
 
+JOB_LEVEL_FIELDS = frozenset(option.field for option in JOB_LEVEL)
+
 # Durations a caller sets, in milliseconds: at most about 31 years.
 _MS_LIMIT = 10**12
 
@@ -119,19 +124,61 @@ def _bounded(what: str, value: int, limit: int) -> int:
     return value
 
 
+def _ms(duration: timedelta) -> int:
+    return int(duration.total_seconds() * 1000)
+
+
+#: The JoinRequest fields the coordinator acts on, read from a join's
+#: ``job_options`` through the options table (unit conversions included).
+_ACTED_ON: dict[str, Callable[[Mapping[str, str]], int]] = {
+    "fusion_threshold_bytes": lambda o: int(job_value(o, "fusion_threshold")),
+    "stall_warning_ms": lambda o: _ms(job_value(o, "stall_warning_time")),
+    "stall_shutdown_ms": lambda o: _ms(job_value(o, "stall_shutdown_time")),
+    "min_size": lambda o: int(job_value(o, "min_size")),
+    "max_size": lambda o: int(job_value(o, "max_size")),
+    "elastic_timeout_ms": lambda o: _ms(job_value(o, "elastic_timeout")),
+}
+# Longest text a job option's value may have (a number or a short word).
+_OPTION_TEXT_LIMIT = 64
+
+
+def _job_fields(message: rpb.JoinRequest) -> dict[str, Any]:
+    """The job's settings of a Join: read from ``job_options`` when the worker sent
+    them (the deprecated fields 8..13 otherwise, as they came).
+
+    Raises:
+        InvalidRequestError: a key names no job-level option, or a value is too long
+            or does not parse.
+    """
+    if not message.job_options:
+        return {name: getattr(message, name) for name in _ACTED_ON}
+    options = dict(message.job_options)
+    for key, text in options.items():
+        if key not in JOB_LEVEL_FIELDS:
+            raise InvalidRequestError(f"job option {key[:64]!r} is not a job-level option")
+        if len(text) > _OPTION_TEXT_LIMIT:
+            raise InvalidRequestError(f"job option {key} is longer than "
+                                      f"{_OPTION_TEXT_LIMIT} characters")
+    try:
+        fields: dict[str, Any] = {name: read(options) for name, read in _ACTED_ON.items()}
+    except OptionError as exc:
+        raise InvalidRequestError(f"job option {exc}") from None
+    fields["job_options"] = options
+    return fields
+
+
 def join_request(message: rpb.JoinRequest) -> JoinRequest:
     """A Join's request as the transitions read it; refuses values out of range.
 
     Raises:
         InvalidRequestError: a size, a duration or the fusion threshold is negative
-            or absurdly large.
+            or absurdly large, or a job option is unknown or does not parse.
     """
-    _bounded("fusion_threshold_bytes", message.fusion_threshold_bytes, _COUNT_LIMIT)
-    for what, ms in (("stall_warning_ms", message.stall_warning_ms),
-                     ("stall_shutdown_ms", message.stall_shutdown_ms),
-                     ("elastic_timeout_ms", message.elastic_timeout_ms)):
-        _bounded(what, ms, _MS_LIMIT)
-    for what, size in (("min_size", message.min_size), ("max_size", message.max_size),
+    job = _job_fields(message)
+    _bounded("fusion_threshold_bytes", job["fusion_threshold_bytes"], _COUNT_LIMIT)
+    for what in ("stall_warning_ms", "stall_shutdown_ms", "elastic_timeout_ms"):
+        _bounded(what, job[what], _MS_LIMIT)
+    for what, size in (("min_size", job["min_size"]), ("max_size", job["max_size"]),
                        ("pid", message.pid)):
         _bounded(what, size, (1 << 31) - 1)
     return JoinRequest(
@@ -142,12 +189,7 @@ def join_request(message: rpb.JoinRequest) -> JoinRequest:
         expected_size=message.expected_size,
         rank_hint=message.rank_hint,
         data_plane_address=message.data_plane_address,
-        fusion_threshold_bytes=message.fusion_threshold_bytes,
-        stall_warning_ms=message.stall_warning_ms,
-        stall_shutdown_ms=message.stall_shutdown_ms,
-        min_size=message.min_size,
-        max_size=message.max_size,
-        elastic_timeout_ms=message.elastic_timeout_ms,
+        **job,
     )
 
 

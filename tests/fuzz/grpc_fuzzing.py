@@ -95,6 +95,8 @@ def substitute(message: Message, names: dict[str, str]) -> Message:
 def _substitute(message: Message, names: dict[str, str]) -> None:
     for field, value in message.ListFields():
         repeated = isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+        if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+            continue  # a map of option names to values (JoinRequest.job_options): no ids
         if field.type == FieldDescriptor.TYPE_MESSAGE:
             for item in value if repeated else [value]:
                 _substitute(item, names)

@@ -109,7 +109,10 @@ def _repeated(field: FieldDescriptor) -> bool:
 def _set(message: Message, field: FieldDescriptor, value: Any) -> None:
     name = field.name
     if field.type == _F.TYPE_MESSAGE:
-        if _repeated(field):
+        if field.message_type.GetOptions().map_entry:  # a map: its entries, one by one
+            for item in value:
+                getattr(message, name)[item.key] = item.value
+        elif _repeated(field):
             for item in value:
                 getattr(message, name).add().CopyFrom(item)
         else:

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from hora.runner.args import ElasticConfig, parse_args
+from hora.runner.args import ElasticPolicy, parse_args
 from hora.runner.discovery import DiscoveryError, HostPoller, run_discovery_script
 from hora.runner.env import elastic_worker_environment
 from hora.runner.hosts import HostError, HostSlots, parse_discovery_output
@@ -26,7 +26,7 @@ def test_discovery_script_makes_the_job_elastic() -> None:
                          "3", "--blacklist-cooldown-range", "5", "30", "--elastic-timeout",
                          "60", "python", "train.py"], environ={})
     assert config.num_proc == 2  # -np defaults to --min-np
-    assert config.elastic == ElasticConfig(
+    assert config.elastic == ElasticPolicy(
         min_np=2, max_np=4, discovery_script="./discover.sh --zone a", slots_per_host=2,
         reset_limit=3, cooldown_range=(timedelta(seconds=5), timedelta(seconds=30)),
         elastic_timeout=timedelta(seconds=60))
@@ -37,7 +37,7 @@ def test_discovery_script_makes_the_job_elastic() -> None:
 def test_elastic_defaults() -> None:
     config = parse_args(["-np", "3", "--host-discovery-script", "d.sh", "c"], environ={})
     assert config.num_proc == 3
-    assert config.elastic == ElasticConfig(min_np=3, discovery_script="d.sh")
+    assert config.elastic == ElasticPolicy(min_np=3, discovery_script="d.sh")
     assert config.elastic.elastic_timeout == timedelta(seconds=600)
     # No maximum: workers are not told one.
     assert config.worker_settings == {"min_size": 3, "elastic_timeout": timedelta(seconds=600)}

@@ -33,11 +33,15 @@ from hora.runner.elastic import (
 )
 from hora.runner.env import elastic_worker_environment
 from hora.runner.hosts import HostSlots
+from hora_proto.options import BY_FIELD
 
 from ._actors import WorkerActor, WorkerFailure
 from .executor import RayExecutorError, RaySettings, start_coordinator_actor, stop_coordinator
 
 __all__ = ["ElasticRayExecutor", "ElasticRaySettings"]
+
+# Horovod's API takes seconds; the default is the option's (hora_proto.options).
+_ELASTIC_TIMEOUT_S = BY_FIELD["elastic_timeout"].default.total_seconds()
 
 # How often the driver looks at the workers, and at the cluster's nodes.
 _POLL_S = 0.2
@@ -57,7 +61,7 @@ class ElasticRaySettings(RaySettings):
 
     min_np: int = 1
     max_np: int | None = None
-    elastic_timeout: float = 600.0
+    elastic_timeout: float = _ELASTIC_TIMEOUT_S
     reset_limit: int | None = None
 
 
@@ -85,7 +89,8 @@ class ElasticRayExecutor:
 
     @staticmethod
     def create_settings(min_np: int = 1, max_np: int | None = None,
-                        reset_limit: int | None = None, elastic_timeout: float = 600,
+                        reset_limit: int | None = None,
+                        elastic_timeout: float = _ELASTIC_TIMEOUT_S,
                         timeout_s: float = 30, ssh_identity_file: str | None = None,
                         nics: Sequence[str] | None = None, verbose: int = 1,
                         coordinator: str | None = None, token: str | None = None,

@@ -3,7 +3,7 @@
 Flags follow horovodrun's spelling so that a Horovod user's command line
 works unchanged, elastic ones included (``--min-np``, ``--max-np``,
 ``--host-discovery-script``, ...): any of ``--min-np``, ``--max-np`` or
-``--host-discovery-script`` makes the job elastic (:class:`ElasticConfig`).
+``--host-discovery-script`` makes the job elastic (:class:`.elastic_actions.ElasticPolicy`).
 Option parsing stops at the first positional argument: that and everything
 after it is the worker command, its own ``--flags`` included.
 
@@ -24,39 +24,14 @@ from datetime import timedelta
 from typing import Any
 
 from hora._tls import read_ca_bundle
-from hora.settings import MiB, Settings, SettingsError
+from hora.settings import Settings, SettingsError
+from hora_proto.options import BY_FIELD, ELASTIC_GROUP, OPTIONS, flag_value
 
+from .elastic_actions import ElasticPolicy
 from .flags import build_parser, parse_address
 from .horovod_flags import apply_config_file, ignored_flag_notices
 
-__all__ = ["ElasticConfig", "LaunchConfig", "build_parser", "parse_args", "parse_address"]
-
-
-@dataclass(frozen=True)
-class ElasticConfig:
-    """How an elastic job may grow and shrink, and where its hosts come from.
-
-    Attributes:
-        min_np: fewest workers the job runs with.
-        max_np: most workers the job runs with; None for no limit (workers
-            are then not told a maximum).
-        discovery_script: shell command printing ``host[:slots]`` lines, or
-            None when the hosts are the fixed ``-H`` / ``--hostfile`` list.
-        slots_per_host: slots of a discovered host printed without ``:slots``.
-        reset_limit: elastic resets a worker may go through (None: no limit).
-        cooldown_range: ``(MIN, MAX)`` of a blacklisted host's cooldown, or
-            None to blacklist hosts for good.
-        elastic_timeout: how long the job may stay below ``min_np`` workers
-            (and how long the launcher waits for them at the start).
-    """
-
-    min_np: int
-    max_np: int | None = None
-    discovery_script: str | None = None
-    slots_per_host: int = 1
-    reset_limit: int | None = None
-    cooldown_range: tuple[timedelta, timedelta] | None = None
-    elastic_timeout: timedelta = timedelta(seconds=600)
+__all__ = ["ElasticPolicy", "LaunchConfig", "build_parser", "parse_args", "parse_address"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +88,7 @@ class LaunchConfig:
     output_dir: str | None = None
     prefix: bool = True
     horovod_compat: bool = False
-    elastic: ElasticConfig | None = None
+    elastic: ElasticPolicy | None = None
     network_interface: str | None = None
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
@@ -178,36 +153,7 @@ def parse_args(argv: Sequence[str] | None = None,
         settings["elastic_timeout"] = elastic.elastic_timeout
         if elastic.reset_limit is not None:
             settings["reset_limit"] = elastic.reset_limit
-    if ns.fusion_threshold_mb is not None:
-        settings["fusion_threshold"] = int(ns.fusion_threshold_mb * MiB)
-    if ns.cycle_time_ms is not None:
-        settings["cycle_time"] = timedelta(milliseconds=ns.cycle_time_ms)
-    if ns.start_timeout is not None:
-        settings["start_timeout"] = timedelta(seconds=ns.start_timeout)
-    if ns.stall_check_time is not None:
-        settings["stall_warning_time"] = timedelta(seconds=ns.stall_check_time)
-    if ns.stall_shutdown_time is not None:
-        settings["stall_shutdown_time"] = timedelta(seconds=ns.stall_shutdown_time)
-    if ns.log_level is not None:
-        settings["log_level"] = ns.log_level
-    if ns.cache_capacity is not None:
-        settings["cache_capacity"] = ns.cache_capacity
-    if ns.timeline_filename:
-        settings["timeline"] = ns.timeline_filename
-    if ns.timeline_mark_cycles:
-        settings["timeline_mark_cycles"] = True
-    if ns.autotune:
-        settings["autotune"] = True
-    if ns.autotune_log_file:
-        settings["autotune_log"] = ns.autotune_log_file
-    if ns.autotune_warmup_samples is not None:
-        settings["autotune_warmup_samples"] = ns.autotune_warmup_samples
-    if ns.autotune_bayes_opt_max_samples is not None:
-        settings["autotune_max_samples"] = ns.autotune_bayes_opt_max_samples
-    if ns.gloo_timeout_seconds is not None:
-        settings["collective_timeout"] = timedelta(seconds=ns.gloo_timeout_seconds)
-    if ns.log_with_timestamp is not None:
-        settings["log_hide_time"] = not ns.log_with_timestamp
+    settings.update(_worker_settings(ns))
     try:
         # The same validation a worker will apply, so a bad flag fails here
         # once rather than in N workers.
@@ -249,6 +195,22 @@ def parse_args(argv: Sequence[str] | None = None,
     )
 
 
+def _worker_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """The settings the table's flags gave (the elastic ones aside: see
+    :func:`_elastic_config`), by field, in the settings' units."""
+    settings: dict[str, Any] = {}
+    for option in OPTIONS:
+        flag = option.flag
+        if flag is None or flag.group == ELASTIC_GROUP:
+            continue
+        value = getattr(ns, flag.dest)
+        # A switch's off is its default: only an inverted one says something.
+        if value is None or value == "" or (value is False and not flag.invert):
+            continue
+        settings[option.field] = flag_value(option, value)
+    return settings
+
+
 def _tls_ca(parser: argparse.ArgumentParser, ns: argparse.Namespace,
             env: Mapping[str, str]) -> str:
     """The PEM text of the ``--coordinator``'s CA bundle (``--tls-ca``, else
@@ -287,7 +249,7 @@ _ELASTIC_ONLY = (
 
 
 def _elastic_config(parser: argparse.ArgumentParser,
-                    ns: argparse.Namespace) -> ElasticConfig | None:
+                    ns: argparse.Namespace) -> ElasticPolicy | None:
     """The elastic part of the command line, or None for a fixed world.
 
     Raises:
@@ -329,13 +291,14 @@ def _elastic_config(parser: argparse.ArgumentParser,
             parser.error(f"--blacklist-cooldown-range: MIN {low:g} is larger than "
                          f"MAX {high:g}")
         cooldown = (timedelta(seconds=low), timedelta(seconds=high))
-    timeout = ns.elastic_timeout if ns.elastic_timeout is not None else 600.0
-    return ElasticConfig(
+    timeout = BY_FIELD["elastic_timeout"]
+    return ElasticPolicy(
         min_np=min_np,
         max_np=max_np,
         discovery_script=script,
         slots_per_host=ns.slots_per_host if ns.slots_per_host is not None else 1,
         reset_limit=ns.reset_limit,
         cooldown_range=cooldown,
-        elastic_timeout=timedelta(seconds=timeout),
+        elastic_timeout=(timeout.default if ns.elastic_timeout is None
+                         else flag_value(timeout, ns.elastic_timeout)),
     )

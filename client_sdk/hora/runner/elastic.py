@@ -390,12 +390,12 @@ class ElasticPlanner:
 
     def _initial_start(self, now: float) -> list[Action]:
         usable = self.usable_slots()
-        if usable >= self._policy.num_proc:
+        if usable >= self._policy.start_count:
             self._phase = _Phase.RUNNING
             return self._fill(announce=False)
         if now - self._started_at >= self._timeout:
             self._phase = _Phase.DONE
-            return [Say(f"elastic job needs at least {self._policy.num_proc} workers; "
+            return [Say(f"elastic job needs at least {self._policy.start_count} workers; "
                         f"discovery offered {usable} usable slot(s) within "
                         f"{self._timeout:g} s"),
                     Finish(ELASTIC_FAILURE)]

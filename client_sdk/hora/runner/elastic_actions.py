@@ -1,10 +1,13 @@
-"""What the elastic planner is given and answers: its limits, the starts and
-events it decides, and Horovod's cooldown backoff (see :mod:`.elastic`)."""
+"""What the elastic planner is given and answers: its limits (the job's
+elastic flags), the starts and events it decides, and Horovod's cooldown
+backoff (see :mod:`.elastic`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
+
+from hora_proto.options import BY_FIELD
 
 from .hosts import SlotInfo
 
@@ -13,26 +16,40 @@ __all__ = ["ElasticPolicy", "ReportEvent", "StartWorker", "cooldown_after"]
 
 @dataclass(frozen=True)
 class ElasticPolicy:
-    """The limits an elastic job runs under.
+    """How an elastic job may grow and shrink, and where its hosts come from:
+    what ``horarun``'s elastic flags say (:mod:`.args`) and the limits the
+    planner runs under (one class for both).
 
     Attributes:
-        num_proc: usable slots to wait for before the first workers start
-            (then every usable slot up to ``max_np`` gets one, as in Horovod).
         min_np: fewest workers the job may run with.
-        max_np: most workers it may run with (None: no limit).
-        elastic_timeout: how long it may wait for, or stay below, ``min_np``;
-            also how long the others get to finish once one has.
+        max_np: most workers it may run with (None: no limit; workers are
+            then not told a maximum).
+        discovery_script: shell command printing ``host[:slots]`` lines, or
+            None when the hosts are the fixed ``-H`` / ``--hostfile`` list.
+        slots_per_host: slots of a discovered host printed without ``:slots``.
+        reset_limit: resets the job may go through (None: no limit).
         cooldown_range: ``(MIN, MAX)`` of a blacklisted host's cooldown, or
             None to blacklist for good.
-        reset_limit: resets the job may go through (None: no limit).
+        elastic_timeout: how long it may wait for, or stay below, ``min_np``;
+            also how long the others get to finish once one has.
+        num_proc: usable slots to wait for before the first workers start
+            (then every usable slot up to ``max_np`` gets one, as in Horovod);
+            None: ``min_np``.
     """
 
-    num_proc: int
     min_np: int
     max_np: int | None = None
-    elastic_timeout: timedelta = timedelta(seconds=600)
-    cooldown_range: tuple[timedelta, timedelta] | None = None
+    discovery_script: str | None = None
+    slots_per_host: int = 1
     reset_limit: int | None = None
+    cooldown_range: tuple[timedelta, timedelta] | None = None
+    elastic_timeout: timedelta = BY_FIELD["elastic_timeout"].default
+    num_proc: int | None = None
+
+    @property
+    def start_count(self) -> int:
+        """Usable slots the first start waits for (``num_proc``, else ``min_np``)."""
+        return self.min_np if self.num_proc is None else self.num_proc
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hora.settings import LOG_LEVELS
+from hora_proto.options import ELASTIC_GROUP, LOG_LEVELS, OPTIONS
 
 from .horovod_flags import IGNORED
 
@@ -182,6 +182,41 @@ def _log_level(text: str) -> str:
     return level
 
 
+# What a table flag's ``arg`` names (see hora_proto.options.Flag).
+_CHECKS: dict[str, Callable[[str], Any]] = {
+    "positive_int": _positive_int,
+    "non_negative_int": _non_negative_int,
+    "positive_float": _positive_float,
+    "non_negative_float": _non_negative_float,
+    "log_level": _log_level,
+    "text": str,
+}
+
+
+def _add_option_flags(groups: Mapping[str, Any]) -> None:
+    """Adds the flags of the options table (:data:`hora_proto.options.OPTIONS`)
+    that belong to ``groups`` (``--help`` section name to argparse group)."""
+    for option in OPTIONS:
+        flag = option.flag
+        if flag is None or flag.group not in groups:
+            continue
+        group = groups[flag.group]
+        if flag.arg != "switch":
+            group.add_argument(*flag.names, dest=flag.dest, type=_CHECKS[flag.arg],
+                               metavar=flag.metavar, help=flag.help)
+            continue
+        if flag.exclusive is not None:
+            group = group.add_mutually_exclusive_group()
+        group.add_argument(*flag.names, dest=flag.dest, action="store_const", const=True,
+                           help=flag.help)
+        if flag.off is not None:
+            group.add_argument(flag.off, dest=flag.dest, action="store_const", const=False,
+                               help=argparse.SUPPRESS)
+        if flag.exclusive is not None:
+            names, help_text = flag.exclusive
+            group.add_argument(*names, dest=flag.dest, action="store_const", const=False,
+                               help=help_text)
+
 
 def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argparse.ArgumentParser:
     """The ``horarun`` argument parser (``horovodrun``'s when ``horovod_compat``)."""
@@ -224,25 +259,15 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
         "elastic", "An elastic job grows and shrinks between --min-np and --max-np "
                    "workers as hosts come and go; any of --min-np, --max-np or "
                    "--host-discovery-script makes a job elastic.")
-    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=_positive_int,
-                         metavar="M",
-                         help="fewest workers the job runs with (default -np)")
-    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=_positive_int,
-                         metavar="X",
-                         help="most workers the job runs with (default: no limit)")
+    _add_option_flags({ELASTIC_GROUP: elastic})
     elastic.add_argument("--slots-per-host", type=_positive_int, metavar="N",
                          help="slots of a discovered host printed without ':SLOTS' "
                               "(default 1)")
-    elastic.add_argument("--reset-limit", type=_non_negative_int, metavar="N",
-                         help="elastic resets a worker may go through (default: no limit)")
     elastic.add_argument("--blacklist-cooldown-range", type=_non_negative_float, nargs=2,
                          metavar=("MIN", "MAX"),
                          help="a host blacklisted after a failure comes back after a random "
                               "MIN..MAX seconds, doubling on each further failure up to MAX "
                               "(default: blacklisted for good)")
-    elastic.add_argument("--elastic-timeout", type=_positive_float, metavar="SECONDS",
-                         help="seconds the job may stay below --min-np workers (default 600)")
-
     coord = parser.add_argument_group("coordinator")
     coord.add_argument("--coordinator", type=_address, metavar="HOST:PORT",
                        help="use this running coordinator instead of embedding one")
@@ -262,59 +287,16 @@ def build_parser(prog: str = "horarun", horovod_compat: bool = False) -> argpars
                             "which serves TLS; the workers get it too (default: $HORA_TLS_CA)")
 
     tuning = parser.add_argument_group("worker settings")
-    tuning.add_argument("--fusion-threshold-mb", type=_non_negative_float, metavar="MB",
-                        help="largest fusion buffer in MiB (0 disables fusion)")
-    tuning.add_argument("--cycle-time-ms", type=_positive_float, metavar="MS",
-                        help="milliseconds the background loop batches ready tensors")
-    tuning.add_argument("--start-timeout", type=_positive_float, metavar="SECONDS",
-                        help="seconds to wait for all workers to join")
+    _add_option_flags({"worker settings": tuning})
     tuning.add_argument("--no-stall-check", dest="no_stall_check", action="store_const",
                         const=True, help="disable the stall check")
     tuning.add_argument("--stall-check", dest="no_stall_check", action="store_const",
                         const=False, help="enable the stall check (the default; undoes "
                                           "--no-stall-check or a --config-file)")
-    tuning.add_argument("--stall-check-time", "--stall-check-warning-time-seconds",
-                        dest="stall_check_time", type=_non_negative_float, metavar="SECONDS",
-                        help="seconds a tensor may wait on some ranks before a warning")
-    tuning.add_argument("--stall-shutdown-time", "--stall-check-shutdown-time-seconds",
-                        dest="stall_shutdown_time", type=_non_negative_float, metavar="SECONDS",
-                        help="seconds a tensor may wait before the job fails (0: never)")
-    tuning.add_argument("--timeline-filename", metavar="FILE",
-                        help="write a timeline (Chrome trace) to FILE")
-    tuning.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles",
-                        action="store_const", const=True,
-                        help="mark each agreement round (cycle) in the timeline")
-    tuning.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles",
-                        action="store_const", const=False, help=argparse.SUPPRESS)
-    tuning.add_argument("--autotune", dest="autotune", action="store_const", const=True,
-                        help="let workers tune fusion threshold and cycle time")
-    tuning.add_argument("--no-autotune", dest="autotune", action="store_const", const=False,
-                        help=argparse.SUPPRESS)
-    tuning.add_argument("--autotune-log-file", metavar="FILE",
-                        help="CSV log of the settings autotune tried")
-    tuning.add_argument("--autotune-warmup-samples", type=_non_negative_int, metavar="N",
-                        help="autotune: measurement windows discarded before tuning")
-    tuning.add_argument("--autotune-bayes-opt-max-samples", type=_positive_int, metavar="N",
-                        help="autotune: settings measured before the best one is kept")
     tuning.add_argument("--autotune-steps-per-sample", type=_positive_int, metavar="N",
                         help=IGNORED["autotune_steps_per_sample"])
     tuning.add_argument("--autotune-gaussian-process-noise", type=_unit_float, metavar="X",
                         help=IGNORED["autotune_gaussian_process_noise"])
-    tuning.add_argument("--gloo-timeout-seconds", type=_positive_float, metavar="SECONDS",
-                        help="seconds a data-plane collective may take before it fails")
-    tuning.add_argument("--cache-capacity", type=_non_negative_int, metavar="N",
-                        help="negotiated allreduces remembered to skip the coordinator "
-                             "(0 disables the response cache)")
-    tuning.add_argument("--log-level", type=_log_level, metavar="LEVEL",
-                        help=f"workers print hora's messages from this level on to stderr "
-                             f"({', '.join(LOG_LEVELS)})")
-    stamps = tuning.add_mutually_exclusive_group()
-    stamps.add_argument("--log-with-timestamp", "--no-log-hide-timestamp",
-                        dest="log_with_timestamp", action="store_const", const=True,
-                        help="start workers' log messages with the time (the default)")
-    stamps.add_argument("--log-without-timestamp", "--log-hide-timestamp",
-                        dest="log_with_timestamp", action="store_const", const=False,
-                        help="leave the time out of workers' log messages")
     tuning.add_argument("--config-file", metavar="FILE",
                         help="Horovod's YAML configuration file (sections params, autotune, "
                              "timeline, stall_check, library_options, logging); flags on the "

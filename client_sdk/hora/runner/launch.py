@@ -27,6 +27,7 @@ keep ``--min-np`` workers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -38,7 +39,7 @@ from urllib.parse import quote
 
 from .._net import interface_address, route_source
 from .._shm import remove_leftovers
-from .args import ElasticConfig, LaunchConfig, parse_address, parse_args
+from .args import LaunchConfig, parse_address, parse_args
 from .discovery import HostPoller, run_discovery_script
 from .elastic import ElasticPlanner, ElasticPolicy, StartWorker
 from .elastic_driver import ElasticDriver
@@ -177,7 +178,7 @@ def _network(config: LaunchConfig, hostnames: Iterable[str]) -> _Network:
 
 
 def _elastic_hosts(config: LaunchConfig,
-                   elastic: ElasticConfig) -> Callable[[], list[HostSlots]]:
+                   elastic: ElasticPolicy) -> Callable[[], list[HostSlots]]:
     """Where the elastic job's hosts come from: the script, or the fixed list.
 
     Raises:
@@ -261,7 +262,7 @@ def _specs(config: LaunchConfig, slots: Sequence[SlotInfo], coordinator: str,
     ]
 
 
-def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
+def _run_elastic(config: LaunchConfig, elastic: ElasticPolicy,
                  find_hosts: Callable[[], list[HostSlots]], coordinator: str,
                  network: _Network, tls_ca: str) -> int:
     # Here, not at module level: a static job never needs gRPC in this process.
@@ -283,14 +284,7 @@ def _run_elastic(config: LaunchConfig, elastic: ElasticConfig,
 
     output = WorkerOutput(prefix=config.prefix, output_dir=config.output_dir,
                           remote=network.remote, timestamp=config.prefix_timestamp)
-    planner = ElasticPlanner(ElasticPolicy(
-        num_proc=config.num_proc,
-        min_np=elastic.min_np,
-        max_np=elastic.max_np,
-        elastic_timeout=elastic.elastic_timeout,
-        cooldown_range=elastic.cooldown_range,
-        reset_limit=elastic.reset_limit,
-    ))
+    planner = ElasticPlanner(dataclasses.replace(elastic, num_proc=config.num_proc))
     poller = HostPoller(find_hosts, say=output.say)
     reporter = EventReporter(coordinator, config.job_id, config.token, tls_ca=tls_ca,
                              say=output.say)

@@ -45,9 +45,12 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from hora_proto.options import BY_FIELD, env_value
+
 __all__ = ["SSH_COMMAND_VAR", "RemoteShell", "UnreachableHostError"]
 
-SSH_COMMAND_VAR = "HORA_SSH_COMMAND"
+_SSH_COMMAND = BY_FIELD["ssh_command"]
+SSH_COMMAND_VAR = _SSH_COMMAND.names[0]
 
 # Variables that describe the launching machine or shell, not the job: the
 # remote machine keeps its own.
@@ -112,7 +115,7 @@ class RemoteShell:
                  ) -> RemoteShell:
         """Options as given, the ssh program from ``HORA_SSH_COMMAND`` if set."""
         env = os.environ if environ is None else environ
-        command = tuple(shlex.split(env.get(SSH_COMMAND_VAR, ""))) or ("ssh",)
+        command = tuple(shlex.split(env_value(env, _SSH_COMMAND) or "")) or ("ssh",)
         return cls(command=command, **options)  # type: ignore[arg-type]
 
     def ssh_argv(self, host: str, remote_command: str) -> list[str]:

@@ -197,8 +197,9 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (),
         raise ValueError(f"need 1 <= min_num_proc <= max_num_proc, got {min_np} and {max_np}")
     from datetime import timedelta
 
-    elastic: dict[str, Any] = {"size": num_proc, "min_size": min_np, "max_size": max_np,
-                               "elastic_timeout": timedelta(seconds=elastic_timeout or 600)}
+    elastic: dict[str, Any] = {"size": num_proc, "min_size": min_np, "max_size": max_np}
+    if elastic_timeout:  # else the settings' default (hora_proto.options)
+        elastic["elastic_timeout"] = timedelta(seconds=elastic_timeout)
     if reset_limit is not None:
         elastic["reset_limit"] = reset_limit
     job_id, token = job_identity(None)

@@ -34,7 +34,14 @@ JOB_STATE_FINISHED: JobState
 JOB_STATE_FAILED: JobState
 
 class JoinRequest(_message.Message):
-    __slots__ = ("job_id", "worker_id", "host", "pid", "expected_size", "rank_hint", "data_plane_address", "fusion_threshold_bytes", "stall_warning_ms", "stall_shutdown_ms", "min_size", "max_size", "elastic_timeout_ms")
+    __slots__ = ("job_id", "worker_id", "host", "pid", "expected_size", "rank_hint", "data_plane_address", "fusion_threshold_bytes", "stall_warning_ms", "stall_shutdown_ms", "min_size", "max_size", "elastic_timeout_ms", "job_options")
+    class JobOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +55,7 @@ class JoinRequest(_message.Message):
     MIN_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_SIZE_FIELD_NUMBER: _ClassVar[int]
     ELASTIC_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    JOB_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: str
     host: str
@@ -61,7 +69,8 @@ class JoinRequest(_message.Message):
     min_size: int
     max_size: int
     elastic_timeout_ms: int
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., expected_size: _Optional[int] = ..., rank_hint: _Optional[int] = ..., data_plane_address: _Optional[str] = ..., fusion_threshold_bytes: _Optional[int] = ..., stall_warning_ms: _Optional[int] = ..., stall_shutdown_ms: _Optional[int] = ..., min_size: _Optional[int] = ..., max_size: _Optional[int] = ..., elastic_timeout_ms: _Optional[int] = ...) -> None: ...
+    job_options: _containers.ScalarMap[str, str]
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., expected_size: _Optional[int] = ..., rank_hint: _Optional[int] = ..., data_plane_address: _Optional[str] = ..., fusion_threshold_bytes: _Optional[int] = ..., stall_warning_ms: _Optional[int] = ..., stall_shutdown_ms: _Optional[int] = ..., min_size: _Optional[int] = ..., max_size: _Optional[int] = ..., elastic_timeout_ms: _Optional[int] = ..., job_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("rank", "worker_id", "host", "pid", "state", "data_plane_address", "local_rank", "last_heartbeat_unix_ms")

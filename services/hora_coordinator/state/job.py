@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hora_negotiation import NegotiationTable
+from hora_proto.options import BY_FIELD
 
 from ..messages import JoinRequest
 from .telemetry import RankTelemetry, Series
@@ -42,8 +43,8 @@ EVENT_LOG_LIMIT = 10_000
 #: bounded too, so is the memory its log takes.
 TEXT_LIMIT = 1024
 #: How long an elastic round waits for min_size workers when the first joiner
-#: sent ``elastic_timeout_ms`` 0 (Horovod's default elastic timeout).
-DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+#: sent ``elastic_timeout_ms`` 0: the option's default (Horovod's elastic timeout).
+DEFAULT_ELASTIC_TIMEOUT_S: float = BY_FIELD["elastic_timeout"].default.total_seconds()
 
 
 class JobPhase(enum.Enum):
@@ -72,6 +73,9 @@ class JobConfig:
     fusion_threshold_bytes: int = 0
     stall_warning_s: float = 0.0
     stall_shutdown_s: float = 0.0
+    # The joiner's job-level options as it sent them (hora_proto.options), for
+    # the REST view; the fields above are what the coordinator acts on.
+    job_options: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,7 @@ def round_config(request: JoinRequest, size: int) -> JobConfig:
         fusion_threshold_bytes=max(0, request.fusion_threshold_bytes),
         stall_warning_s=max(0, request.stall_warning_ms) / 1000.0,
         stall_shutdown_s=max(0, request.stall_shutdown_ms) / 1000.0,
+        job_options=dict(request.job_options),
     )
 
 
