@@ -33,11 +33,14 @@ from ..errors import HoraError, HorovodInternalError
 from ..settings import Settings
 from ..timeline import NULL_TIMELINE, NullTimeline, Timeline
 from .agreement import Agreement
+from .cache import ResponseCache
 from .executor import Executor
 from .liveness import Liveness
 from .negotiator import Negotiator
 from .pending import Entry, Handle, Pending
+from .plan import BackendSelector
 from .process_sets import ProcessSets, SetGroup
+from .transport import ControlTransport, GlooControl, MeshControl
 
 __all__ = ["Engine"]
 
@@ -80,14 +83,11 @@ class Engine:
         address = world.members[world.rank].data_plane_address or settings.data_plane_address
         self._sets = ProcessSets(world.rank, world.size, store, settings.collective_timeout,
                                  address, run_list=lambda batch: self._executor.run_list(batch))
-        self._executor = Executor(world.rank, self._pending, self._sets)
-        if settings.timeline:
-            self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         self._sets.backend("cpu", self._sets.get(0))  # every rank builds the CPU data plane
-        # Rounds agree over direct connections in small worlds (one TCP round
-        # trip), through a Gloo allreduce in large ones.
         from hora_native.mesh import MAX_MESH_SIZE, MeshBackend
 
+        # Rounds agree over direct connections in small worlds (one TCP round
+        # trip), through a Gloo allreduce in large ones.
         mesh = None
         if 1 < world.size <= MAX_MESH_SIZE:
             mesh = MeshBackend(
@@ -100,13 +100,23 @@ class Engine:
                 # Peers prove the job token, bound to this job and generation.
                 token=settings.token, context=world.store_prefix)
         self._mesh = mesh
+        selector = BackendSelector(self._sets, mesh.pairwise if mesh is not None else None)
+        self._executor = Executor(world.rank, self._pending, self._sets, selector)
+        if settings.timeline:
+            self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         if mesh is not None:
             # A failed generation runs no more rounds: wake a round blocked on
             # a peer that will never answer (a stopped one keeps its sockets open).
             self._pending.on_fail.append(lambda: mesh.abort(str(self._pending.failure)))
+
+        def control(cache: ResponseCache) -> ControlTransport:
+            if mesh is not None:
+                return MeshControl(mesh, cache)
+            return GlooControl(self._sets)
+
         self.agreement = Agreement(settings, world.rank, world.size, self._pending,
                                    self._executor, send=lambda r: self._negotiator.send(r),
-                                   mesh=mesh)
+                                   control=control, selector=selector)
         self._negotiator = Negotiator(settings, self._client, world.generation, world.rank,
                                       self._pending, self._executor, self._sets,
                                       on_global_list=self.agreement.receive_list,
