@@ -22,7 +22,7 @@ from hora._ops import OpType
 from hora.engine.agreement import Agreement
 from hora.engine.cache import ResponseCache
 from hora.engine.control import INVALID, NOT_READY, READY, ControlVector
-from hora.engine.executor import Executor
+from hora.engine.executor import Executor, TimelineRef
 from hora.engine.pending import Entry, Handle, Pending
 from hora.engine.plan import BackendSelector, Path, plan_round
 from hora.engine.process_sets import ProcessSets
@@ -205,12 +205,13 @@ class Rank:
         self.sets = ProcessSets(rank, world.size, store, timedelta(seconds=WAIT_S),
                                 "127.0.0.1", run_list=lambda _batch: None)
         selector = BackendSelector(self.sets, None)
-        self.executor = Executor(rank, self.pending, self.sets, selector)
+        timeline = TimelineRef()
+        self.executor = Executor(rank, self.pending, self.sets, selector, timeline)
         self.sent: list[npb.TensorRequest] = []
         self.agreement = Agreement(Settings.from_env({}), rank, world.size, self.pending,
                                    self.executor, send=self.sent.append,
                                    control=lambda _cache: FakeControl(world, rank),
-                                   selector=selector)
+                                   selector=selector, timeline=timeline)
 
     def enqueue(self, entry: Entry) -> Handle:
         with self.pending.lock:

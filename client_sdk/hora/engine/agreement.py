@@ -37,7 +37,7 @@ from ..errors import HorovodInternalError
 from ..settings import Settings
 from .cache import ResponseCache
 from .control import INVALID, NOT_READY, READY, ControlVector, peers_waiting_in
-from .executor import Executor
+from .executor import Executor, TimelineRef
 from .pending import Entry, Handle, Pending
 from .plan import BackendSelector, Path, plan_round
 from .process_sets import ResponseList
@@ -63,7 +63,7 @@ class Agreement:
     def __init__(self, settings: Settings, rank: int, size: int, pending: Pending,
                  executor: Executor, send: Callable[[negotiation_pb2.TensorRequest], None],
                  control: Callable[[ResponseCache], ControlTransport],
-                 selector: BackendSelector) -> None:
+                 selector: BackendSelector, timeline: TimelineRef) -> None:
         self.rank = rank
         self.size = size
         self._settings = settings
@@ -73,6 +73,7 @@ class Agreement:
         self._executor = executor
         self._send = send
         self._selector = selector
+        self._timeline = timeline
         self.cache = ResponseCache(settings.cache_capacity)
         self._control = control(self.cache)
         self._cache_on = settings.cache_capacity > 0
@@ -320,7 +321,7 @@ class Agreement:
             TELEMETRY.round(vector.wait_us, -agreed.minus_wait_us, agreed.wait_us)
         self._waited_us = int((time.monotonic() - arrived) * 1e6)
         self.rounds += 1
-        self._executor.timeline.cycle_start()
+        self._timeline.current.cycle_start()
         self._cycle_s = agreed.cycle_us / 1e6
         self._executor.run_safely((), lambda: self._carry_out(agreed, carried))
         self._agreed_budget = agreed.payload_budget
@@ -341,7 +342,7 @@ class Agreement:
             for slot in plan.evictions:
                 self.cache.evict(slot)
                 cached.pop(slot, None)
-            timeline = self._executor.timeline
+            timeline = self._timeline.current
             for slot, _sig, entry in plan.ready:
                 del cached[slot]
                 self.cache.touch(slot)

@@ -34,7 +34,7 @@ from .pending import Entry, Handle, Pending
 from .plan import BackendSelector
 from .process_sets import ProcessSets, SetGroup
 
-__all__ = ["Executor", "RESPONSE_OP"]
+__all__ = ["Executor", "RESPONSE_OP", "TimelineRef"]
 
 log = logging.getLogger("hora")
 
@@ -86,16 +86,26 @@ def identity(op: ReduceOp, dtype: torch.dtype) -> float | int | bool:
     return info.max if op == ReduceOp.MIN else info.min
 
 
+class TimelineRef:
+    """The generation's timeline, handed to the stages that write to it; the
+    engine swaps ``current`` when a timeline starts or stops."""
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current: Timeline | NullTimeline = NULL_TIMELINE
+
+
 class Executor:
     """Runs responses on the data plane and completes their entries."""
 
     def __init__(self, rank: int, pending: Pending, sets: ProcessSets,
-                 selector: BackendSelector) -> None:
+                 selector: BackendSelector, timeline: TimelineRef) -> None:
         self.rank = rank
         self._pending = pending
         self.sets = sets
         self._selector = selector
-        self.timeline: Timeline | NullTimeline = NULL_TIMELINE
+        self._timeline = timeline
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
     # -- running safely ---------------------------------------------------------
@@ -168,7 +178,7 @@ class Executor:
         return entries
 
     def finish(self, entry: Entry, value: Any) -> None:
-        self.timeline.end(entry.name)
+        self._timeline.current.end(entry.name)
         entry.handle.set_result(entry.result(value) if entry.result else value)
 
     def _fill_for_join(self, response: negotiation_pb2.Response,
@@ -237,7 +247,7 @@ class Executor:
 
     def finish_all(self, entries: list[Entry]) -> None:
         """:meth:`finish` with each entry's buffer, the handles completed together."""
-        timeline = self.timeline
+        timeline = self._timeline.current
         if timeline.active:
             for entry in entries:
                 timeline.end(entry.name)
@@ -246,7 +256,7 @@ class Executor:
                             for entry in entries])
 
     def activity(self, names: list[str], end: str | None, start: str | None) -> None:
-        timeline = self.timeline
+        timeline = self._timeline.current
         if not timeline.active:
             return
         for name in names:

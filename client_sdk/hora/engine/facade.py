@@ -34,7 +34,7 @@ from ..settings import Settings
 from ..timeline import NULL_TIMELINE, NullTimeline, Timeline
 from .agreement import Agreement
 from .cache import ResponseCache
-from .executor import Executor
+from .executor import Executor, TimelineRef
 from .liveness import Liveness
 from .negotiator import Negotiator
 from .pending import Entry, Handle, Pending
@@ -101,7 +101,9 @@ class Engine:
                 token=settings.token, context=world.store_prefix)
         self._mesh = mesh
         selector = BackendSelector(self._sets, mesh.pairwise if mesh is not None else None)
-        self._executor = Executor(world.rank, self._pending, self._sets, selector)
+        self._timeline = TimelineRef()
+        self._executor = Executor(world.rank, self._pending, self._sets, selector,
+                                  self._timeline)
         if settings.timeline:
             self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         if mesh is not None:
@@ -116,12 +118,12 @@ class Engine:
 
         self.agreement = Agreement(settings, world.rank, world.size, self._pending,
                                    self._executor, send=lambda r: self._negotiator.send(r),
-                                   control=control, selector=selector)
+                                   control=control, selector=selector, timeline=self._timeline)
         self._negotiator = Negotiator(settings, self._client, world.generation, world.rank,
                                       self._pending, self._executor, self._sets,
                                       on_global_list=self.agreement.receive_list,
                                       on_heartbeat=self._liveness.answered,
-                                      reattach=self._reattach)
+                                      timeline=self._timeline, reattach=self._reattach)
         self._liveness.attach(self._negotiator.heartbeat, self.agreement.cached_stalls)
         self._threads = [
             self._negotiator.thread,
@@ -139,7 +141,7 @@ class Engine:
 
     @property
     def timeline(self) -> Timeline | NullTimeline:
-        return self._executor.timeline
+        return self._timeline.current
 
     @property
     def rounds(self) -> int:
@@ -168,7 +170,7 @@ class Engine:
             self._pending.add(entry)
             if entry.process_set_id == 0:
                 entry.handle.driver = self.agreement.drive
-            timeline = self._executor.timeline
+            timeline = self._timeline.current
             if timeline.active:
                 timeline.negotiate_start(entry.name, entry.op_type)
             if self.agreement.admit(entry):
@@ -184,10 +186,10 @@ class Engine:
         if self.rank != 0:
             return
         self.stop_timeline()
-        self._executor.timeline = Timeline(path, self.rank, mark_cycles=mark_cycles)
+        self._timeline.current = Timeline(path, self.rank, mark_cycles=mark_cycles)
 
     def stop_timeline(self) -> None:
-        timeline, self._executor.timeline = self._executor.timeline, NULL_TIMELINE
+        timeline, self._timeline.current = self._timeline.current, NULL_TIMELINE
         timeline.close()
 
     def host_update_epoch(self) -> tuple[int, bool]:
