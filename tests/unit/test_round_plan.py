@@ -212,6 +212,7 @@ class Rank:
                                    self.executor, send=self.sent.append,
                                    control=lambda _cache: FakeControl(world, rank),
                                    selector=selector, timeline=timeline)
+        self.pending.on_fail.append(self.agreement.drop_all)
 
     def enqueue(self, entry: Entry) -> Handle:
         with self.pending.lock:

@@ -101,7 +101,6 @@ class Agreement:
         # one; -1 before the first (:mod:`.telemetry`).
         self._waited_us = -1
         TELEMETRY.new_world()
-        pending.on_fail.append(self._drop_all)
 
     # -- taking work (callers hold the lock) ------------------------------------
 
@@ -135,7 +134,9 @@ class Agreement:
             self._received += 1
             self._work.notify_all()
 
-    def _drop_all(self) -> None:
+    def drop_all(self) -> None:
+        """Forgets every cached entry waiting (the generation failed: the pending
+        table fails their handles)."""
         self._cached_pending.clear()
         self._unclassified.clear()
 
@@ -356,7 +357,6 @@ class Agreement:
         #    every rank sent the tensor, else on the backend the selector picks
         #    (2 or 4 ranks on several machines swap between pairs of ranks over
         #    the mesh's connections: PairwiseAllreduce).
-        group = self._executor.sets.get(0)
         for batch in plan.batches:
             items = batch.items
             entries = [entry for _slot, _sig, entry in items]
@@ -366,7 +366,7 @@ class Agreement:
                 backend = carried.batch([(slot, sig.nbytes) for slot, sig, _e in items])
                 self.mesh_batches += 1
             else:
-                backend = selector.reducer(batch.path, items[0][1].device, group)
+                backend = selector.reducer(batch.path, items[0][1].device)
             self._executor.allreduce(backend, entries, self.size)
             self.tuning.count(sum(entry.buffer.nbytes for entry in entries))
         # 3. A rank has joined: stop using the cache until the join completes.

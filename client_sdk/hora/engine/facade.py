@@ -119,6 +119,7 @@ class Engine:
         self.agreement = Agreement(settings, world.rank, world.size, self._pending,
                                    self._executor, send=lambda r: self._negotiator.send(r),
                                    control=control, selector=selector, timeline=self._timeline)
+        self._pending.on_fail.append(self.agreement.drop_all)
         self._negotiator = Negotiator(settings, self._client, world.generation, world.rank,
                                       self._pending, self._executor, self._sets,
                                       on_global_list=self.agreement.receive_list,

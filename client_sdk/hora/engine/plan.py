@@ -171,12 +171,13 @@ class BackendSelector:
         on = self._pairwise is not None and payload_budget > 0
         self.pairwise_takes = self._pairwise.takes if on and self._pairwise is not None else None
 
-    def reducer(self, path: Path, device: str, group: SetGroup) -> Reducer:
-        """The backend of ``path`` (not CARRIED: that one is the round's)."""
+    def reducer(self, path: Path, device: str, group: SetGroup | None = None) -> Reducer:
+        """The backend of ``path`` (not CARRIED: that one is the round's) in
+        ``group`` (default: the global set)."""
         if path is Path.PAIRWISE:
             assert self._pairwise is not None
             return self._pairwise
-        return self.sets.backend(device, group)
+        return self.sets.backend(device, group if group is not None else self.sets.get(0))
 
     def for_entries(self, entries: list[Entry], group: SetGroup) -> Reducer:
         """The backend of a negotiated allreduce of ``entries`` in ``group``."""
