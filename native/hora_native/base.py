@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Backend", "BackendError", "ReduceKind", "scale_"]
+__all__ = ["Backend", "BackendError", "ReduceKind", "Reducer", "scale_"]
 
 
 class BackendError(RuntimeError):
@@ -36,18 +36,27 @@ class ReduceKind(enum.Enum):
     PRODUCT = "product"
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """Collectives over one process group. Tensors are contiguous."""
+class Reducer(Protocol):
+    """What the engine's allreduce needs of a backend: every :class:`Backend`,
+    and the mesh's reducers that implement allreduce alone
+    (:class:`~.mesh.CarriedBatch`, :class:`~.mesh.PairwiseAllreduce`)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
+
     #: False for a backend whose allreduce finds every rank's contribution,
     #: already prescaled, elsewhere (the mesh's payloads): the engine then
     #: neither copies its input into the buffer nor prescales it.
-    reads_input: bool
+    @property
+    def reads_input(self) -> bool: ...
 
     def allreduce(self, tensor: torch.Tensor, op: ReduceKind) -> None:
         """Reduces ``tensor`` across ranks in place."""
+
+
+@runtime_checkable
+class Backend(Reducer, Protocol):
+    """Collectives over one process group. Tensors are contiguous."""
 
     def allgatherv(self, output: torch.Tensor, tensor: torch.Tensor,
                    counts: Sequence[int]) -> None:

@@ -134,21 +134,21 @@ BACKGROUND_ROUND_FAULT = textwrap.dedent("""
     import time
     import torch
     import hora.torch as hvd
-    from hora.engine import agreement
+    from hora.engine import transport
 
     hvd.init()
     t = torch.ones(4)
     for _ in range(3):  # cached from here on: the background thread runs its rounds
         hvd.allreduce(t, name="x")
-    real = agreement.Agreement._exchange
+    real = transport.GlooControl.exchange  # a world of one agrees without the mesh
 
-    def broken(self, vector, ready):  # a fault that is not a transport error
+    def broken(self, vector, ready, budget):  # a fault that is not a transport error
         raise RuntimeError("injected fault")
 
-    agreement.Agreement._exchange = broken
+    transport.GlooControl.exchange = broken
     handle = hvd.allreduce_async(t, name="x")
     time.sleep(1.5)
-    agreement.Agreement._exchange = real
+    transport.GlooControl.exchange = real
     try:
         hvd.synchronize(handle)
         print("no error")

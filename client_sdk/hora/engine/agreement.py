@@ -9,11 +9,12 @@ the slots ready everywhere, drop the invalid ones, run the coordinator
 lists every rank has. Ranks apply the same results in the same order, so
 their caches never diverge.
 
-The vectors travel over the mesh (:class:`hora_native.mesh.MeshBackend`) in
-small worlds, with the bytes of ready tensors after them; through a Gloo
-MIN-allreduce in large ones. Tensors every rank carried are reduced from
-those payloads; the rest go through the set's backend. Either way the
-executor runs them (:meth:`.executor.Executor.allreduce`).
+The vectors travel through a :class:`.transport.ControlTransport`: over the
+mesh in small worlds, with the bytes of ready tensors after them; through a
+Gloo MIN-allreduce in large ones. :func:`.plan.plan_round` turns the agreed
+vector into this rank's plan (evictions, batches and their backends, join,
+coordinator lists); the round carries it out, the executor running each
+batch (:meth:`.executor.Executor.allreduce`).
 
 One thread at a time runs a round: a caller waiting on a handle
 (:meth:`Agreement.drive`) or the background thread (:meth:`Agreement.loop`).
@@ -23,35 +24,30 @@ from __future__ import annotations
 
 import collections
 import logging
-import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import torch
 
-from hora_native import BackendError, ReduceKind
+from hora_native import BackendError
 from hora_proto.v1 import negotiation_pb2
 
 from .._ops import OpType
 from ..errors import HorovodInternalError
 from ..settings import Settings
-from .cache import ResponseCache, Signature
+from .cache import ResponseCache
 from .control import INVALID, NOT_READY, READY, ControlVector, peers_waiting_in
-from .executor import Executor
+from .executor import Executor, TimelineRef
 from .pending import Entry, Handle, Pending
+from .plan import BackendSelector, Path, plan_round
 from .process_sets import ResponseList
 from .telemetry import TELEMETRY
+from .transport import Carried, ControlTransport
 from .tuning import CachedPathTuning
-
-if TYPE_CHECKING:
-    from hora_native.mesh import MeshBackend, MeshRound
 
 __all__ = ["Agreement", "ControlVector"]
 
 log = logging.getLogger("hora")
-
-Ready = list[tuple[int, Signature, Entry]]
 
 # The background thread lets a burst of submissions end (none for QUIET_S,
 # or BURST_S after its first) before it starts a round; a waiting caller runs
@@ -66,7 +62,8 @@ class Agreement:
 
     def __init__(self, settings: Settings, rank: int, size: int, pending: Pending,
                  executor: Executor, send: Callable[[negotiation_pb2.TensorRequest], None],
-                 mesh: MeshBackend | None) -> None:
+                 control: Callable[[ResponseCache], ControlTransport],
+                 selector: BackendSelector, timeline: TimelineRef) -> None:
         self.rank = rank
         self.size = size
         self._settings = settings
@@ -75,8 +72,10 @@ class Agreement:
         self._work = pending.work
         self._executor = executor
         self._send = send
-        self._mesh = mesh
+        self._selector = selector
+        self._timeline = timeline
         self.cache = ResponseCache(settings.cache_capacity)
+        self._control = control(self.cache)
         self._cache_on = settings.cache_capacity > 0
         self._cached_pending: dict[int, Entry] = {}
         self._unclassified: list[Entry] = []
@@ -101,10 +100,7 @@ class Agreement:
         # This rank's wait in its previous round (µs), handed in with the next
         # one; -1 before the first (:mod:`.telemetry`).
         self._waited_us = -1
-        # Every rank's vector in the last exchange over the mesh (for stall warnings).
-        self._last_vectors: list[list[int]] = []
         TELEMETRY.new_world()
-        pending.on_fail.append(self._drop_all)
 
     # -- taking work (callers hold the lock) ------------------------------------
 
@@ -138,7 +134,9 @@ class Agreement:
             self._received += 1
             self._work.notify_all()
 
-    def _drop_all(self) -> None:
+    def drop_all(self) -> None:
+        """Forgets every cached entry waiting (the generation failed: the pending
+        table fails their handles)."""
         self._cached_pending.clear()
         self._unclassified.clear()
 
@@ -176,10 +174,10 @@ class Agreement:
                        if not e.stall_warned and now - e.enqueued_at > limit]
             for entry in stalled:
                 entry.stall_warned = True
-            waiting = self._mesh.waiting_for if self._mesh is not None and stalled else ()
+            waiting = self._control.waiting_for if stalled else ()
             # A peer's READY slots in the last exchange are still pending there:
             # no round has run them since.
-            doing = peers_waiting_in(self._last_vectors, self.rank, set(self._cached_pending),
+            doing = peers_waiting_in(self._control.last_vectors, self.rank, set(self._cached_pending),
                                      self.cache.name) if stalled else ""
         return stalled, waiting, doing
 
@@ -310,12 +308,12 @@ class Agreement:
                                    wait_us=waited, minus_wait_us=-waited)
             if self.rank == 0:
                 vector.fusion_threshold_kib, vector.cycle_us = self.tuning.proposal()
-                vector.payload_budget = self._mesh.budget if self._mesh is not None else 0
+                vector.payload_budget = self._control.budget
             if self._join is not None:
                 self._join_announced = True
         arrived = time.monotonic()
         try:
-            agreed, mesh_round = self._exchange(vector, ready)
+            agreed, carried = self._control.exchange(vector, ready, self._agreed_budget)
         except BackendError as exc:
             self._pending.fail(HorovodInternalError(
                 f"data plane failed on rank {self.rank} agreeing on ready tensors: {exc}"))
@@ -324,107 +322,58 @@ class Agreement:
             TELEMETRY.round(vector.wait_us, -agreed.minus_wait_us, agreed.wait_us)
         self._waited_us = int((time.monotonic() - arrived) * 1e6)
         self.rounds += 1
-        self._executor.timeline.cycle_start()
+        self._timeline.current.cycle_start()
         self._cycle_s = agreed.cycle_us / 1e6
-        self._executor.run_safely((), lambda: self._apply(agreed, mesh_round))
+        self._executor.run_safely((), lambda: self._carry_out(agreed, carried))
         self._agreed_budget = agreed.payload_budget
         self.tuning.step()
 
-    def _layout(self, slots: list[int]) -> tuple[dict[int, int], int]:
-        assert self._mesh is not None
-        return self._mesh.layout(slots, self.cache.signature, self._agreed_budget,
-                                 self.cache.version)
-
-    def _exchange(self, vector: ControlVector, ready: list[tuple[int, Entry]]
-                  ) -> tuple[ControlVector, MeshRound | None]:
-        """Every rank's vector, agreed; over the mesh, with the payloads it carried."""
-        mesh = self._mesh
-        if mesh is not None:
-            layout = self._layout([slot for slot, _entry in ready])
-            payload = mesh.pack([(slot, entry.buffer, entry.prescale_factor)
-                                 for slot, entry in ready], layout)
-            messages = mesh.exchange(vector.encode(), payload)
-            self._last_vectors = [values for values, _payload in messages]
-            agreed = ControlVector.decode(ControlVector.agree([v for v, _p in messages]))
-            if READY not in agreed.slots:
-                return agreed, None
-            # Where each rank's payload holds which tensors. A rank that could
-            # not send its payload sent none: its tensors go through Gloo, on
-            # every rank alike.
-            # In training every rank sent the same vector: one layout serves all.
-            width = len(agreed.slots)
-            by_vector: dict[tuple[int, ...], tuple[dict[int, int], int]] = {}
-            layouts = []
-            for theirs, sent in messages:
-                key = tuple(theirs[:width])
-                found = by_vector.get(key)
-                if found is None:
-                    found = by_vector[key] = self._layout(
-                        [slot for slot, value in enumerate(key) if value == READY])
-                offsets, total = found
-                layouts.append(offsets if sent is not None and sent.numel() == total else {})
-            return agreed, mesh.round(messages, layouts)
-        group = self._executor.sets.get(0)
-        if group.size == 1:
-            return vector, None
-        tensor = torch.tensor(vector.encode(), dtype=torch.int64)
-        self._executor.sets.backend("cpu", group).allreduce(tensor, ReduceKind.MIN)
-        return ControlVector.decode(tensor.tolist()), None
-
-    def _apply(self, agreed: ControlVector, mesh_round: MeshRound | None) -> None:
-        # 1. Slots some rank found stale: drop them; our own waiting tensors
-        #    go to the coordinator instead.
-        resend = []
-        ready: Ready = []
+    def _carry_out(self, agreed: ControlVector, carried: Carried | None) -> None:
+        """Plans the agreed round (:func:`.plan.plan_round`) and runs the plan."""
+        selector = self._selector
+        selector.agree(agreed.payload_budget)
         with self._lock:
-            for slot, value in enumerate(agreed.slots):
-                if value == INVALID:
-                    self.cache.evict(slot)
-                    entry = self._cached_pending.pop(slot, None)
-                    if entry is not None:
-                        resend.append(entry)
-            timeline = self._executor.timeline
-            for slot, value in enumerate(agreed.slots):
-                if value == READY:
-                    entry = self._cached_pending.pop(slot, None)
-                    if entry is None:  # failed meanwhile; the rounds stop next
-                        continue
-                    ready.append((slot, self.cache.signature(slot), entry))
-                    self.cache.touch(slot)
-                    if timeline.active:
-                        timeline.negotiate_end(entry.name)
-                        timeline.start(entry.name, OpType.ALLREDUCE)
-                        timeline.activity_start(entry.name, "QUEUE")
-        for entry in resend:
+            plan = plan_round(agreed, self._cached_pending, self.cache.signature,
+                              carried.carries if carried is not None else None,
+                              pairwise=selector.pairwise_takes, cache_on=self._cache_on,
+                              executed=self._executed)
+            # 1. Slots some rank found stale: dropped; our own waiting tensors
+            #    go to the coordinator instead.
+            cached = self._cached_pending
+            for slot in plan.evictions:
+                self.cache.evict(slot)
+                cached.pop(slot, None)
+            timeline = self._timeline.current
+            for slot, _sig, entry in plan.ready:
+                del cached[slot]
+                self.cache.touch(slot)
+                if timeline.active:
+                    timeline.negotiate_end(entry.name)
+                    timeline.start(entry.name, OpType.ALLREDUCE)
+                    timeline.activity_start(entry.name, "QUEUE")
+        for entry in plan.resends:
             self._send(entry.request())
-        # 2. Slots ready everywhere: reduced from the payloads when every rank
-        #    sent the tensor, else fused in slot order through the set's backend.
-        if mesh_round is not None:
-            carried = [item for item in ready if mesh_round.carries(item[0])]
-            for batch in self._batches(carried, sys.maxsize):
-                backend = mesh_round.batch([(slot, sig.nbytes) for slot, sig, _e in batch])
-                self._allreduce(backend, batch)
+        # 2. Slots ready everywhere, in batches: reduced from the payloads when
+        #    every rank sent the tensor, else on the backend the selector picks
+        #    (2 or 4 ranks on several machines swap between pairs of ranks over
+        #    the mesh's connections: PairwiseAllreduce).
+        for batch in plan.batches:
+            items = batch.items
+            entries = [entry for _slot, _sig, entry in items]
+            self._pending.discard(entries)
+            if batch.path is Path.CARRIED:
+                assert carried is not None
+                backend = carried.batch([(slot, sig.nbytes) for slot, sig, _e in items])
                 self.mesh_batches += 1
-            ready = [item for item in ready if not mesh_round.carries(item[0])]
-        #    2 or 4 ranks on several machines swap such batches between pairs of
-        #    ranks over the mesh's connections (PairwiseAllreduce: a ring's bytes
-        #    in fewer steps); every rank picks the same backend for a batch, from
-        #    what all ranks agree on (rank 0's payload budget; 0 turns it off).
-        group = self._executor.sets.get(0)
-        pairwise = self._mesh.pairwise if self._mesh is not None \
-            and agreed.payload_budget > 0 else None
-        for batch in self._batches(ready, agreed.fusion_threshold_kib * 1024):
-            device = batch[0][2].buffer.device.type
-            if pairwise is not None and device == "cpu" and pairwise.takes(batch[0][1].dtype):
-                self._allreduce(pairwise, batch)
-                continue
-            backend = self._executor.sets.backend(device, group)
-            self._allreduce(backend, batch)
+            else:
+                backend = selector.reducer(batch.path, items[0][1].device)
+            self._executor.allreduce(backend, entries, self.size)
+            self.tuning.count(sum(entry.buffer.nbytes for entry in entries))
         # 3. A rank has joined: stop using the cache until the join completes.
-        if not agreed.cache_usable and self._cache_on:
+        if plan.cache_off:
             self._set_cache(False)
         # 4. Coordinator lists that every rank has received.
-        while self._executed < agreed.lists_received:
+        for _ in range(plan.lists):
             with self._lock:
                 batch_list = self._lists.popleft()
             self._executed += 1
@@ -433,30 +382,6 @@ class Agreement:
                     self._finish_join(response)
                 else:
                     self._remember(response, self._executor.execute(response))
-
-    def _allreduce(self, backend: Any, batch: Ready) -> None:
-        entries = [entry for _slot, _sig, entry in batch]
-        self._executor.allreduce(backend, entries, self.size)
-        self.tuning.count(sum(entry.buffer.nbytes for entry in entries))
-
-    def _batches(self, ready: Ready, threshold: int) -> Iterator[Ready]:
-        """Runs of ``ready`` (in slot order) that can share one fusion buffer: the same
-        fusion key, at most ``threshold`` bytes (a larger tensor goes alone). Their
-        names leave the pending table as each batch is handed out."""
-        i = 0
-        while i < len(ready):
-            key = ready[i][1].fusion_key
-            nbytes = ready[i][2].buffer.nbytes
-            j = i + 1
-            while j < len(ready) and ready[j][1].fusion_key == key:
-                nbytes += ready[j][2].buffer.nbytes
-                if nbytes > threshold:
-                    break
-                j += 1
-            batch = ready[i:j]
-            i = j
-            self._pending.discard([entry for _slot, _sig, entry in batch])
-            yield batch
 
     # -- the cache --------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hora_native import BackendError, ReduceKind, scale_
+from hora_native import Backend, BackendError, ReduceKind, Reducer, scale_
 from hora_proto.v1 import negotiation_pb2
 
 from .._ops import OpType, ReduceOp, split_rows
@@ -31,9 +31,10 @@ from ..errors import (
 )
 from ..timeline import NULL_TIMELINE, NullTimeline, Timeline
 from .pending import Entry, Handle, Pending
+from .plan import BackendSelector
 from .process_sets import ProcessSets, SetGroup
 
-__all__ = ["Executor", "RESPONSE_OP"]
+__all__ = ["Executor", "RESPONSE_OP", "TimelineRef"]
 
 log = logging.getLogger("hora")
 
@@ -85,14 +86,26 @@ def identity(op: ReduceOp, dtype: torch.dtype) -> float | int | bool:
     return info.max if op == ReduceOp.MIN else info.min
 
 
+class TimelineRef:
+    """The generation's timeline, handed to the stages that write to it; the
+    engine swaps ``current`` when a timeline starts or stops."""
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current: Timeline | NullTimeline = NULL_TIMELINE
+
+
 class Executor:
     """Runs responses on the data plane and completes their entries."""
 
-    def __init__(self, rank: int, pending: Pending, sets: ProcessSets) -> None:
+    def __init__(self, rank: int, pending: Pending, sets: ProcessSets,
+                 selector: BackendSelector, timeline: TimelineRef) -> None:
         self.rank = rank
         self._pending = pending
         self.sets = sets
-        self.timeline: Timeline | NullTimeline = NULL_TIMELINE
+        self._selector = selector
+        self._timeline = timeline
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
     # -- running safely ---------------------------------------------------------
@@ -147,7 +160,8 @@ class Executor:
             self.activity([e.name for e in entries], "QUEUE",
                           f"{backend.name.upper()}_{op.name}")
         if op == OpType.ALLREDUCE:
-            self.allreduce(backend, entries, group.size)
+            # The same backend a cached round would pick for these tensors.
+            self.allreduce(self._selector.for_entries(entries, group), entries, group.size)
         elif op == OpType.ALLGATHER:
             self._allgather(backend, entries, response.first_dims, group.size)
         elif op == OpType.BROADCAST:
@@ -164,7 +178,7 @@ class Executor:
         return entries
 
     def finish(self, entry: Entry, value: Any) -> None:
-        self.timeline.end(entry.name)
+        self._timeline.current.end(entry.name)
         entry.handle.set_result(entry.result(value) if entry.result else value)
 
     def _fill_for_join(self, response: negotiation_pb2.Response,
@@ -200,7 +214,7 @@ class Executor:
             self._fusion_buffers[key] = buf
         return buf[:numel]
 
-    def allreduce(self, backend: Any, entries: list[Entry], set_size: int) -> None:
+    def allreduce(self, backend: Reducer, entries: list[Entry], set_size: int) -> None:
         """Allreduces ``entries`` (one fusion batch) on ``backend`` and completes them."""
         first = entries[0]
         names = [e.name for e in entries]
@@ -233,7 +247,7 @@ class Executor:
 
     def finish_all(self, entries: list[Entry]) -> None:
         """:meth:`finish` with each entry's buffer, the handles completed together."""
-        timeline = self.timeline
+        timeline = self._timeline.current
         if timeline.active:
             for entry in entries:
                 timeline.end(entry.name)
@@ -242,7 +256,7 @@ class Executor:
                             for entry in entries])
 
     def activity(self, names: list[str], end: str | None, start: str | None) -> None:
-        timeline = self.timeline
+        timeline = self._timeline.current
         if not timeline.active:
             return
         for name in names:
@@ -251,7 +265,7 @@ class Executor:
             if start is not None:
                 timeline.activity_start(name, start)
 
-    def _allgather(self, backend: Any, entries: list[Entry], first_dims: Sequence[int],
+    def _allgather(self, backend: Backend, entries: list[Entry], first_dims: Sequence[int],
                    set_size: int) -> None:
         for i, entry in enumerate(entries):
             counts = list(first_dims[i * set_size:(i + 1) * set_size])
@@ -260,7 +274,7 @@ class Executor:
             backend.allgatherv(output, tensor, counts)
             self.finish(entry, output)
 
-    def _alltoall(self, backend: Any, entry: Entry, matrix: Sequence[int],
+    def _alltoall(self, backend: Backend, entry: Entry, matrix: Sequence[int],
                   group: SetGroup) -> None:
         me, set_size = group.index, group.size
         assert me is not None
@@ -271,7 +285,7 @@ class Executor:
         backend.alltoallv(output, tensor, recv, send)
         self.finish(entry, (output, torch.tensor(recv, dtype=torch.int32)))
 
-    def _reducescatter(self, backend: Any, entry: Entry, group: SetGroup) -> None:
+    def _reducescatter(self, backend: Backend, entry: Entry, group: SetGroup) -> None:
         assert group.index is not None
         set_size = group.size
         tensor = entry.buffer

@@ -33,11 +33,14 @@ from ..errors import HoraError, HorovodInternalError
 from ..settings import Settings
 from ..timeline import NULL_TIMELINE, NullTimeline, Timeline
 from .agreement import Agreement
-from .executor import Executor
+from .cache import ResponseCache
+from .executor import Executor, TimelineRef
 from .liveness import Liveness
 from .negotiator import Negotiator
 from .pending import Entry, Handle, Pending
+from .plan import BackendSelector
 from .process_sets import ProcessSets, SetGroup
+from .transport import ControlTransport, GlooControl, MeshControl
 
 __all__ = ["Engine"]
 
@@ -80,14 +83,11 @@ class Engine:
         address = world.members[world.rank].data_plane_address or settings.data_plane_address
         self._sets = ProcessSets(world.rank, world.size, store, settings.collective_timeout,
                                  address, run_list=lambda batch: self._executor.run_list(batch))
-        self._executor = Executor(world.rank, self._pending, self._sets)
-        if settings.timeline:
-            self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         self._sets.backend("cpu", self._sets.get(0))  # every rank builds the CPU data plane
-        # Rounds agree over direct connections in small worlds (one TCP round
-        # trip), through a Gloo allreduce in large ones.
         from hora_native.mesh import MAX_MESH_SIZE, MeshBackend
 
+        # Rounds agree over direct connections in small worlds (one TCP round
+        # trip), through a Gloo allreduce in large ones.
         mesh = None
         if 1 < world.size <= MAX_MESH_SIZE:
             mesh = MeshBackend(
@@ -100,18 +100,31 @@ class Engine:
                 # Peers prove the job token, bound to this job and generation.
                 token=settings.token, context=world.store_prefix)
         self._mesh = mesh
+        selector = BackendSelector(self._sets, mesh.pairwise if mesh is not None else None)
+        self._timeline = TimelineRef()
+        self._executor = Executor(world.rank, self._pending, self._sets, selector,
+                                  self._timeline)
+        if settings.timeline:
+            self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         if mesh is not None:
             # A failed generation runs no more rounds: wake a round blocked on
             # a peer that will never answer (a stopped one keeps its sockets open).
             self._pending.on_fail.append(lambda: mesh.abort(str(self._pending.failure)))
+
+        def control(cache: ResponseCache) -> ControlTransport:
+            if mesh is not None:
+                return MeshControl(mesh, cache)
+            return GlooControl(self._sets)
+
         self.agreement = Agreement(settings, world.rank, world.size, self._pending,
                                    self._executor, send=lambda r: self._negotiator.send(r),
-                                   mesh=mesh)
+                                   control=control, selector=selector, timeline=self._timeline)
+        self._pending.on_fail.append(self.agreement.drop_all)
         self._negotiator = Negotiator(settings, self._client, world.generation, world.rank,
                                       self._pending, self._executor, self._sets,
                                       on_global_list=self.agreement.receive_list,
                                       on_heartbeat=self._liveness.answered,
-                                      reattach=self._reattach)
+                                      timeline=self._timeline, reattach=self._reattach)
         self._liveness.attach(self._negotiator.heartbeat, self.agreement.cached_stalls)
         self._threads = [
             self._negotiator.thread,
@@ -129,7 +142,7 @@ class Engine:
 
     @property
     def timeline(self) -> Timeline | NullTimeline:
-        return self._executor.timeline
+        return self._timeline.current
 
     @property
     def rounds(self) -> int:
@@ -158,7 +171,7 @@ class Engine:
             self._pending.add(entry)
             if entry.process_set_id == 0:
                 entry.handle.driver = self.agreement.drive
-            timeline = self._executor.timeline
+            timeline = self._timeline.current
             if timeline.active:
                 timeline.negotiate_start(entry.name, entry.op_type)
             if self.agreement.admit(entry):
@@ -174,10 +187,10 @@ class Engine:
         if self.rank != 0:
             return
         self.stop_timeline()
-        self._executor.timeline = Timeline(path, self.rank, mark_cycles=mark_cycles)
+        self._timeline.current = Timeline(path, self.rank, mark_cycles=mark_cycles)
 
     def stop_timeline(self) -> None:
-        timeline, self._executor.timeline = self._executor.timeline, NULL_TIMELINE
+        timeline, self._timeline.current = self._timeline.current, NULL_TIMELINE
         timeline.close()
 
     def host_update_epoch(self) -> tuple[int, bool]:

@@ -35,7 +35,7 @@ from ..errors import (
     RankLostError,
 )
 from ..settings import Settings
-from .executor import RESPONSE_OP, Executor
+from .executor import RESPONSE_OP, Executor, TimelineRef
 from .pending import Pending
 from .process_sets import ProcessSets, ResponseList
 from .received import ReceivedLog
@@ -58,13 +58,14 @@ class Negotiator:
                  rank: int, pending: Pending, executor: Executor, sets: ProcessSets,
                  on_global_list: Callable[[ResponseList], None],
                  on_heartbeat: Callable[[negotiation_pb2.StreamHeartbeatAnswer], None],
-                 reattach: Callable[[], bool] | None = None) -> None:
+                 timeline: TimelineRef, reattach: Callable[[], bool] | None = None) -> None:
         self._settings = settings
         self._client = client
         self._generation = generation
         self._rank = rank
         self._pending = pending
         self._executor = executor
+        self._timeline = timeline
         self._sets = sets
         self._on_global_list = on_global_list
         self._on_heartbeat = on_heartbeat
@@ -172,7 +173,7 @@ class Negotiator:
     def _dispatch(self, responses: Sequence[negotiation_pb2.Response]) -> None:
         """Routes one response list: errors at once, collectives to their set's executor."""
         by_set: dict[int, ResponseList] = {}
-        timeline = self._executor.timeline
+        timeline = self._timeline.current
         errors = False
         self._answered(responses)
         for response in responses:

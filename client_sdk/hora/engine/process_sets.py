@@ -13,7 +13,6 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 
@@ -125,7 +124,7 @@ class ProcessSets:
                 return
             self._run_list(batch)
 
-    def backend(self, device_type: str, group: SetGroup) -> Any:
+    def backend(self, device_type: str, group: SetGroup) -> Backend:
         """The set's backend for tensors on ``device_type``, built on first use."""
         name = backend_for_device(device_type)
         backend = group.backends.get(name)

@@ -1,0 +1,125 @@
+"""How a round's control vectors travel: the :class:`ControlTransport` seam.
+
+Two implementations: :class:`MeshControl` (small worlds: one round trip over
+the mesh's direct connections, with the bytes of ready tensors after the
+vectors) and :class:`GlooControl` (large worlds: a Gloo MIN-allreduce of the
+vectors). The agreement's rounds see only the protocol, so tests run rounds
+with a fake one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from hora_native import ReduceKind, Reducer
+
+from .cache import ResponseCache
+from .control import READY, ControlVector
+from .pending import Entry
+
+if TYPE_CHECKING:
+    from hora_native.mesh import MeshBackend
+
+    from .process_sets import ProcessSets
+
+__all__ = ["Carried", "ControlTransport", "GlooControl", "MeshControl"]
+
+
+class Carried(Protocol):
+    """The payloads one exchange carried (:class:`hora_native.mesh.MeshRound`)."""
+
+    def carries(self, slot: int) -> bool:
+        """Whether every rank sent ``slot``'s bytes."""
+
+    def batch(self, slots: Sequence[tuple[int, int]]) -> Reducer:
+        """The reducer of one fused batch: ``slots`` are (slot, nbytes) in buffer order."""
+
+
+class ControlTransport(Protocol):
+    """Exchanges one round's control vectors among the global set's ranks."""
+
+    #: The payload budget this rank proposes (rank 0's is agreed on; 0: none).
+    budget: int
+    #: Every rank's encoded vector in the last exchange (empty when unknown).
+    last_vectors: list[list[int]]
+
+    @property
+    def waiting_for(self) -> tuple[int, ...]:
+        """The peers the exchange in progress still waits for."""
+
+    def exchange(self, vector: ControlVector, ready: Sequence[tuple[int, Entry]],
+                 budget: int) -> tuple[ControlVector, Carried | None]:
+        """Every rank's vector, agreed, and the payloads carried (``ready`` are this
+        rank's ready (slot, entry), ascending; ``budget`` the agreed payload budget).
+
+        Raises:
+            BackendError: a peer or the connection failed.
+        """
+
+
+class MeshControl:
+    """Vectors (and payloads) over the mesh's direct connections."""
+
+    def __init__(self, mesh: MeshBackend, cache: ResponseCache) -> None:
+        self._mesh = mesh
+        self._cache = cache
+        self.budget = mesh.budget
+        self.last_vectors: list[list[int]] = []
+
+    @property
+    def waiting_for(self) -> tuple[int, ...]:
+        return self._mesh.waiting_for
+
+    def _layout(self, slots: list[int], budget: int) -> tuple[dict[int, int], int]:
+        return self._mesh.layout(slots, self._cache.signature, budget, self._cache.version)
+
+    def exchange(self, vector: ControlVector, ready: Sequence[tuple[int, Entry]],
+                 budget: int) -> tuple[ControlVector, Carried | None]:
+        mesh = self._mesh
+        layout = self._layout([slot for slot, _entry in ready], budget)
+        payload = mesh.pack([(slot, entry.buffer, entry.prescale_factor)
+                             for slot, entry in ready], layout)
+        messages = mesh.exchange(vector.encode(), payload)
+        self.last_vectors = [values for values, _payload in messages]
+        agreed = ControlVector.decode(ControlVector.agree(self.last_vectors))
+        if READY not in agreed.slots:
+            return agreed, None
+        # Where each rank's payload holds which tensors. A rank that could
+        # not send its payload sent none: its tensors go through Gloo, on
+        # every rank alike.
+        # In training every rank sent the same vector: one layout serves all.
+        width = len(agreed.slots)
+        by_vector: dict[tuple[int, ...], tuple[dict[int, int], int]] = {}
+        layouts = []
+        for theirs, sent in messages:
+            key = tuple(theirs[:width])
+            found = by_vector.get(key)
+            if found is None:
+                found = by_vector[key] = self._layout(
+                    [slot for slot, value in enumerate(key) if value == READY], budget)
+            offsets, total = found
+            layouts.append(offsets if sent is not None and sent.numel() == total else {})
+        return agreed, mesh.round(messages, layouts)
+
+
+class GlooControl:
+    """Vectors through a Gloo MIN-allreduce of the global set; no payloads."""
+
+    budget = 0
+    waiting_for: tuple[int, ...] = ()
+
+    def __init__(self, sets: ProcessSets) -> None:
+        self._sets = sets
+        self.last_vectors: list[list[int]] = []
+
+    def exchange(self, vector: ControlVector, ready: Sequence[tuple[int, Entry]],
+                 budget: int) -> tuple[ControlVector, Carried | None]:
+        group = self._sets.get(0)
+        if group.size == 1:
+            return vector, None
+        tensor = torch.tensor(vector.encode(), dtype=torch.int64)
+        self._sets.backend("cpu", group).allreduce(tensor, ReduceKind.MIN)
+        return ControlVector.decode(tensor.tolist()), None
