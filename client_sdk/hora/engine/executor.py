@@ -111,7 +111,9 @@ class Executor:
     # -- running safely ---------------------------------------------------------
 
     def run_safely(self, names: Sequence[str], work: Callable[[], None]) -> None:
-        """Runs ``work``; a failure fails the generation instead of escaping a thread."""
+        """Runs ``work``; a failure fails the generation instead of escaping a thread,
+        and completes with it the entries ``work`` had taken out of the table."""
+        started = self._pending.holding()
         try:
             work()
         except BackendError as exc:
@@ -122,6 +124,9 @@ class Executor:
         except Exception as exc:  # noqa: BLE001 - a bug must fail handles, not hang them
             log.exception("rank %d: executing %s failed", self.rank, list(names)[:3])
             self._pending.fail(HorovodInternalError(f"internal error on rank {self.rank}: {exc}"))
+        finally:
+            if started:
+                self._pending.release()
 
     def run_list(self, responses: Sequence[negotiation_pb2.Response]) -> None:
         """Runs a non-global set's response list, in order (outside

@@ -197,6 +197,9 @@ class Pending:
         #: Called with the lock held when the generation fails, to drop what
         #: other stages hold of the failed entries.
         self.on_fail: list[Callable[[], None]] = []
+        #: The entries each engine thread took out of the table for the work it
+        #: runs now (:meth:`holding`), by thread: a failure completes them too.
+        self._held: dict[int, list[Entry]] = {}
 
     def add(self, entry: Entry) -> None:
         """Records ``entry``; call with the lock held.
@@ -214,14 +217,39 @@ class Pending:
         self.entries[entry.name] = entry
 
     def take(self, names: Sequence[str]) -> list[Entry]:
-        """Removes and returns the entries of ``names`` this rank has."""
+        """Removes and returns the entries of ``names`` this rank has; the calling
+        thread holds them until its :meth:`holding` ends."""
         with self.lock:
-            return [self.entries.pop(name) for name in names if name in self.entries]
+            taken = [self.entries.pop(name) for name in names if name in self.entries]
+        self._hold(taken)
+        return taken
 
     def discard(self, entries: Sequence[Entry]) -> None:
+        """Removes ``entries`` from the table; the calling thread holds them."""
         with self.lock:
             for entry in entries:
                 self.entries.pop(entry.name, None)
+        self._hold(entries)
+
+    def _hold(self, entries: Sequence[Entry]) -> None:
+        held = self._held.get(threading.get_ident())
+        if held is not None:
+            held.extend(entries)
+
+    def holding(self) -> bool:
+        """Starts recording what this thread takes out of the table, until
+        :meth:`release`; False when it already records (nested work), and then the
+        outer caller releases. Meanwhile a failure of the generation, from any
+        thread, completes those entries' handles as well: a tensor inside the data
+        plane when a peer dies is no longer in the table."""
+        ident = threading.get_ident()
+        if ident in self._held:
+            return False
+        self._held[ident] = []
+        return True
+
+    def release(self) -> None:
+        self._held.pop(threading.get_ident(), None)
 
     def fail(self, error: HoraError) -> None:
         """Fails every pending handle with the generation's first error."""
@@ -232,10 +260,13 @@ class Pending:
             for drop in self.on_fail:
                 drop()
             self.work.notify_all()
-        if pending and not self.stopping.is_set():
-            log.error("rank %d: failing %d pending tensor(s) (%s): %s", self.rank, len(pending),
-                      ", ".join(sorted(pending)[:5]), error)
-        for entry in pending.values():
+        held = [entry for entries in list(self._held.values()) for entry in list(entries)
+                if not entry.handle.done()]
+        if (pending or held) and not self.stopping.is_set():
+            log.error("rank %d: failing %d pending tensor(s) (%s): %s", self.rank,
+                      len(pending) + len(held),
+                      ", ".join(sorted([*pending, *(e.name for e in held)])[:5]), error)
+        for entry in [*pending.values(), *held]:
             entry.handle.set_error(self.failure)
 
     def over(self) -> bool:
