@@ -11,9 +11,13 @@ the graph op waited for that handle's done callback forever (the hang CI saw in
 from __future__ import annotations
 
 import os
-import signal
+import sys
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from data_plane_faults import die_in_the_data_plane  # noqa: E402
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -24,22 +28,6 @@ if __name__ == "scenario":  # in a worker: TensorFlow before hvd.init() (tf_scen
 # death reaches the survivor in well under a second (its sockets close); the rest is
 # slack for a loaded machine. A hang reports "hung" at this deadline.
 DEADLINE_S = 60.0
-
-
-def _die_in_the_data_plane(name: str, delay: float) -> None:
-    """This rank SIGKILLs itself ``delay`` s after its engine starts reducing ``name``:
-    by then its peers are blocked in the same data-plane call."""
-    from hora.engine import executor
-
-    allreduce = executor.Executor.allreduce
-
-    def dying(self, backend, entries, set_size):  # type: ignore[no-untyped-def]
-        if any(entry.name == name for entry in entries):
-            time.sleep(delay)
-            os.kill(os.getpid(), signal.SIGKILL)
-        return allreduce(self, backend, entries, set_size)
-
-    executor.Executor.allreduce = dying  # type: ignore[method-assign]
 
 
 def _in_thread(call, deadline: float) -> tuple[str, object]:  # type: ignore[no-untyped-def]
@@ -77,7 +65,7 @@ def graph_op_when_peer_dies(victim: int) -> dict:
     # The op library is built and the graph path works before anyone dies.
     warmed = warm(x).numpy().tolist()
     if hvd.rank() == victim:
-        _die_in_the_data_plane("victim", delay=1.0)
+        die_in_the_data_plane("victim", delay=1.0)
     started = time.monotonic()
     how, what = _in_thread(lambda: step(x).numpy().tolist(), DEADLINE_S)
     report: dict = {"warm": warmed, "how": how, "seconds": time.monotonic() - started}

@@ -9,29 +9,16 @@ generation's failure must still complete the handle it holds.
 
 from __future__ import annotations
 
-import os
-import signal
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from data_plane_faults import die_in_the_data_plane  # noqa: E402
 
 # How long the survivor's handle may stay incomplete once its peer is gone: the
 # peer's death reaches the survivor in well under a second; the rest is slack.
 DEADLINE_S = 60.0
-
-
-def _die_in_the_data_plane(name: str, delay: float) -> None:
-    """This rank SIGKILLs itself ``delay`` s after its engine starts reducing ``name``:
-    by then its peers are blocked in the same data-plane call."""
-    from hora.engine import executor
-
-    allreduce = executor.Executor.allreduce
-
-    def dying(self, backend, entries, set_size):  # type: ignore[no-untyped-def]
-        if any(entry.name == name for entry in entries):
-            time.sleep(delay)
-            os.kill(os.getpid(), signal.SIGKILL)
-        return allreduce(self, backend, entries, set_size)
-
-    executor.Executor.allreduce = dying  # type: ignore[method-assign]
 
 
 def poll_when_peer_dies(victim: int, cached: bool) -> dict:
@@ -44,7 +31,7 @@ def poll_when_peer_dies(victim: int, cached: bool) -> dict:
     x = torch.ones(1 << 20) * (hvd.rank() + 1)
     warm = hvd.allreduce(x, name="victim" if cached else "warm", op=hvd.Sum)[:4].tolist()
     if hvd.rank() == victim:
-        _die_in_the_data_plane("victim", delay=1.0)
+        die_in_the_data_plane("victim", delay=1.0)
     handle = hvd.allreduce_async(x, name="victim", op=hvd.Sum)
     started = time.monotonic()
     while not hvd.poll(handle):
