@@ -20,6 +20,7 @@ import grpc
 
 from hora_proto.auth import TOKEN_METADATA_KEY, WORKER_SECRET_METADATA_KEY
 from hora_proto.error_kinds import UNKNOWN_JOB, error_kind
+from hora_proto.options import legacy_join_fields
 from hora_proto.v1 import (
     negotiation_pb2,
     negotiation_pb2_grpc,
@@ -262,10 +263,11 @@ class CoordinatorClient:
 
     def _join_request(self) -> rendezvous_pb2.JoinRequest:
         s = self.settings
+        options = s.job_options()  # and fields 8..13 for a coordinator older than the map
         return rendezvous_pb2.JoinRequest(
             job_id=s.job_id, worker_id=self.worker_id, host=s.hostname, pid=os.getpid(),
             expected_size=s.size, rank_hint=s.rank, data_plane_address=s.data_plane_address,
-            job_options=s.job_options(),
+            job_options=options, **legacy_join_fields(options),
         )
 
     def join(self) -> rendezvous_pb2.WorldView:

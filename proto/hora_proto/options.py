@@ -29,7 +29,7 @@ from typing import Any
 
 __all__ = ["LOG_LEVELS", "LAUNCHER_ONLY", "ELASTIC_GROUP", "env_value", "MiB", "Flag", "Option", "OPTIONS", "BY_FIELD", "JOB_LEVEL", "OptionError",
            "parse_bool", "parse_text", "format_value", "default_of", "flag_value",
-           "job_options", "job_value"]
+           "job_options", "job_value", "legacy_join_fields"]
 
 MiB = 1024 * 1024
 
@@ -330,6 +330,33 @@ def job_value(options: Mapping[str, str], field: str) -> Any:
         raise OptionError(f"{field!r} is not a job-level option")
     text = options.get(field)
     return default_of(option) if text is None else parse_text(option, field, text)
+
+
+def _ms(duration: timedelta) -> int:
+    return int(duration.total_seconds() * 1000)
+
+
+#: JoinRequest's fields 8..13, from before ``job_options``: what the coordinator
+#: acts on, in the units those fields carry. Closed: new options go in the map only.
+_LEGACY_JOIN_FIELDS: dict[str, Callable[[Mapping[str, str]], int]] = {
+    "fusion_threshold_bytes": lambda o: int(job_value(o, "fusion_threshold")),
+    "stall_warning_ms": lambda o: _ms(job_value(o, "stall_warning_time")),
+    "stall_shutdown_ms": lambda o: _ms(job_value(o, "stall_shutdown_time")),
+    "min_size": lambda o: int(job_value(o, "min_size")),
+    "max_size": lambda o: int(job_value(o, "max_size")),
+    "elastic_timeout_ms": lambda o: _ms(job_value(o, "elastic_timeout")),
+}
+
+
+def legacy_join_fields(options: Mapping[str, str]) -> dict[str, int]:
+    """JoinRequest's deprecated fields 8..13 made from a join's ``job_options``: a
+    worker sends both (a coordinator older than the map reads the fields), and the
+    coordinator reads its values through this.
+
+    Raises:
+        OptionError: a value does not parse.
+    """
+    return {name: read(options) for name, read in _LEGACY_JOIN_FIELDS.items()}
 
 
 def env_value(environ: Mapping[str, str], option: Option) -> Any:

@@ -16,12 +16,11 @@ which a world of one shares, and re-exported here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hora_negotiation.wire import response_pb, tensor_request_pb
-from hora_proto.options import JOB_LEVEL, OptionError, job_value
+from hora_proto.options import OptionError, legacy_join_fields
 from hora_proto.v1 import negotiation_pb2 as npb
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
@@ -109,8 +108,6 @@ def rank_telemetry(owner: rpb.HeartbeatRequest | npb.StreamHeartbeat) -> RankTel
     )
 
 
-JOB_LEVEL_FIELDS = frozenset(option.field for option in JOB_LEVEL)
-
 # Durations a caller sets, in milliseconds: at most about 31 years.
 _MS_LIMIT = 10**12
 
@@ -124,22 +121,10 @@ def _bounded(what: str, value: int, limit: int) -> int:
     return value
 
 
-def _ms(duration: timedelta) -> int:
-    return int(duration.total_seconds() * 1000)
-
-
-#: The JoinRequest fields the coordinator acts on, read from a join's
-#: ``job_options`` through the options table (unit conversions included).
-_ACTED_ON: dict[str, Callable[[Mapping[str, str]], int]] = {
-    "fusion_threshold_bytes": lambda o: int(job_value(o, "fusion_threshold")),
-    "stall_warning_ms": lambda o: _ms(job_value(o, "stall_warning_time")),
-    "stall_shutdown_ms": lambda o: _ms(job_value(o, "stall_shutdown_time")),
-    "min_size": lambda o: int(job_value(o, "min_size")),
-    "max_size": lambda o: int(job_value(o, "max_size")),
-    "elastic_timeout_ms": lambda o: _ms(job_value(o, "elastic_timeout")),
-}
-# Longest text a job option's value may have (a number or a short word).
+# Longest text a job option's name or value may have (a number or a short word),
+# and how many options a Join may carry (the table has a dozen).
 _OPTION_TEXT_LIMIT = 64
+_OPTION_COUNT_LIMIT = 64
 
 
 def _job_fields(message: rpb.JoinRequest) -> dict[str, Any]:
@@ -147,20 +132,26 @@ def _job_fields(message: rpb.JoinRequest) -> dict[str, Any]:
     them (the deprecated fields 8..13 otherwise, as they came).
 
     Raises:
-        InvalidRequestError: a key names no job-level option, or a value is too long
-            or does not parse.
+        InvalidRequestError: too many options, a name or value too long, or a value
+            of an option this coordinator acts on that does not parse.
     """
     if not message.job_options:
-        return {name: getattr(message, name) for name in _ACTED_ON}
+        return {name: getattr(message, name) for name in legacy_join_fields({})}
     options = dict(message.job_options)
+    if len(options) > _OPTION_COUNT_LIMIT:
+        raise InvalidRequestError(f"a Join carries at most {_OPTION_COUNT_LIMIT} job options, "
+                                  f"not {len(options)}")
     for key, text in options.items():
-        if key not in JOB_LEVEL_FIELDS:
-            raise InvalidRequestError(f"job option {key[:64]!r} is not a job-level option")
+        # A key this coordinator does not know is a newer worker's option: kept
+        # as it came (the REST view shows it), not acted on.
+        if len(key) > _OPTION_TEXT_LIMIT or not key.isprintable():
+            raise InvalidRequestError(f"job option name {key[:64]!r} is too long or "
+                                      f"not printable")
         if len(text) > _OPTION_TEXT_LIMIT:
             raise InvalidRequestError(f"job option {key} is longer than "
                                       f"{_OPTION_TEXT_LIMIT} characters")
     try:
-        fields: dict[str, Any] = {name: read(options) for name, read in _ACTED_ON.items()}
+        fields: dict[str, Any] = legacy_join_fields(options)
     except OptionError as exc:
         raise InvalidRequestError(f"job option {exc}") from None
     fields["job_options"] = options
@@ -172,7 +163,7 @@ def join_request(message: rpb.JoinRequest) -> JoinRequest:
 
     Raises:
         InvalidRequestError: a size, a duration or the fusion threshold is negative
-            or absurdly large, or a job option is unknown or does not parse.
+            or absurdly large, or a job option cannot be read.
     """
     job = _job_fields(message)
     _bounded("fusion_threshold_bytes", job["fusion_threshold_bytes"], _COUNT_LIMIT)

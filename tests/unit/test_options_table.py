@@ -104,10 +104,21 @@ def test_job_level_options_round_trip_through_the_join_and_the_coordinator():
         5000, 3000, 9000, 1, 4, 42_000)
 
 
-@pytest.mark.parametrize("options", [{"no_such_option": "1"}, {"elastic_timeout": "soon"},
+@pytest.mark.parametrize("options", [{"elastic_timeout": "soon"},
                                      {"elastic_timeout": "1e300"}, {"min_size": "-1"},
-                                     {"fusion_threshold": "9" * 100}])
+                                     {"fusion_threshold": "9" * 100},
+                                     {"x" * 65: "1"}, {"bad\nname": "1"},
+                                     {f"newer_{i}": "1" for i in range(65)}])
 def test_the_coordinator_refuses_job_options_it_cannot_read(options):
     with pytest.raises(InvalidRequestError):
         wire.join_request(rpb.JoinRequest(job_id="j", worker_id="w", expected_size=1,
                                           job_options=options))
+
+
+def test_an_option_this_coordinator_does_not_know_is_kept_and_not_acted_on():
+    """A newer worker's job-level option: the Join succeeds, the REST view keeps it."""
+    request = wire.join_request(rpb.JoinRequest(
+        job_id="j", worker_id="w", expected_size=1,
+        job_options={"newer_option": "on", "min_size": "2"}))
+    assert request.job_options == {"newer_option": "on", "min_size": "2"}
+    assert request.min_size == 2

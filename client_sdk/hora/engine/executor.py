@@ -124,6 +124,11 @@ class Executor:
         except Exception as exc:  # noqa: BLE001 - a bug must fail handles, not hang them
             log.exception("rank %d: executing %s failed", self.rank, list(names)[:3])
             self._pending.fail(HorovodInternalError(f"internal error on rank {self.rank}: {exc}"))
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: fail what we hold, go on
+            self._pending.fail(HorovodInternalError(
+                f"rank {self.rank}: a round was interrupted ({exc!r}); this generation "
+                f"cannot run further collectives"))
+            raise
         finally:
             if started:
                 self._pending.release()

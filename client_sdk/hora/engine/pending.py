@@ -57,11 +57,15 @@ class Handle:
     def done(self) -> bool:
         return self._finished
 
-    def _complete(self) -> None:
-        with _HANDLE_LOCK:
-            self._finished = True
-            event = self._event
-            callbacks, self._callbacks = self._callbacks, None
+    def _finish(self) -> tuple[threading.Event | None, list[Callable[[Handle], None]] | None]:
+        """Marks the handle done; call with ``_HANDLE_LOCK`` held, after checking
+        that it was not. Returns what :meth:`_fire` wakes, outside the lock."""
+        self._finished = True
+        callbacks, self._callbacks = self._callbacks, None
+        return self._event, callbacks
+
+    def _fire(self, event: threading.Event | None,
+              callbacks: list[Callable[[Handle], None]] | None) -> None:
         if event is not None:
             event.set()
         for callback in callbacks or ():
@@ -82,32 +86,40 @@ class Handle:
                 return
         callback(self)
 
+    # The first completion wins (a result or an error, never both): a tensor the
+    # data plane finishes as the generation fails is completed once.
+
     def set_result(self, result: Any) -> None:
-        self._result = result
-        self._complete()
+        with _HANDLE_LOCK:
+            if self._finished:
+                return
+            self._result = result
+            event, callbacks = self._finish()
+        self._fire(event, callbacks)
 
     @staticmethod
     def set_results(handles: Sequence[Handle], results: Sequence[Any]) -> None:
         """``set_result`` on each of ``handles`` (a fused batch), under one lock round."""
-        events, callbacks = [], []
+        fired = []
         with _HANDLE_LOCK:
             for handle, result in zip(handles, results, strict=True):
+                if handle._finished:
+                    continue
                 handle._result = result
-                handle._finished = True
-                if handle._event is not None:
-                    events.append(handle._event)
-                if handle._callbacks:
-                    callbacks.append(handle)
-        for event in events:
-            event.set()
-        for handle in callbacks:
-            # Its callbacks run as _complete runs them (taken under the lock there).
-            handle._complete()
+                if handle._event is None and not handle._callbacks:
+                    handle._finished = True  # nobody to wake: the common case
+                    continue
+                fired.append((handle, *handle._finish()))
+        for handle, event, callbacks in fired:
+            handle._fire(event, callbacks)
 
     def set_error(self, error: BaseException) -> None:
-        if not self._finished:
+        with _HANDLE_LOCK:
+            if self._finished:
+                return
             self._error = error
-            self._complete()
+            event, callbacks = self._finish()
+        self._fire(event, callbacks)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Returns the result, or raises the collective's error.
@@ -239,8 +251,8 @@ class Pending:
     def holding(self) -> bool:
         """Starts recording what this thread takes out of the table, until
         :meth:`release`; False when it already records (nested work), and then the
-        outer caller releases. Meanwhile a failure of the generation, from any
-        thread, completes those entries' handles as well: a tensor inside the data
+        outer caller releases. Meanwhile a failure of the generation raised in this
+        thread completes those entries' handles as well: a tensor inside the data
         plane when a peer dies is no longer in the table."""
         ident = threading.get_ident()
         if ident in self._held:
@@ -260,7 +272,11 @@ class Pending:
             for drop in self.on_fail:
                 drop()
             self.work.notify_all()
-        held = [entry for entries in list(self._held.values()) for entry in list(entries)
+        # Only what this thread holds: another thread's tensors may still be in
+        # its data-plane call, writing into their buffers; that call ends (the
+        # peer's sockets closed, the collective timeout) and its run_safely
+        # fails them then, once nothing writes into them any more.
+        held = [entry for entry in self._held.get(threading.get_ident(), ())
                 if not entry.handle.done()]
         if (pending or held) and not self.stopping.is_set():
             log.error("rank %d: failing %d pending tensor(s) (%s): %s", self.rank,
