@@ -24,7 +24,6 @@ from .errors import (
     AlreadyOpenError,
     InvalidRequestError,
     ResourceExhaustedError,
-    SupersededError,
     UnknownJobError,
 )
 from .journal import NO_JOURNAL, Journal
@@ -40,7 +39,7 @@ from .messages import (
 from .notices import DepartureNotices, is_departure
 from .outbox import STREAM_END, Outbox
 from .periodic import PeriodicChecks
-from .runtime import JobRuntime, Jobs, fingerprint
+from .runtime import JobRuntime, Jobs, fingerprint, new_waiter
 from .set_calls import ProcessSetCalls
 from .settings import CoordinatorSettings
 from .store import KeyValueStore
@@ -196,16 +195,9 @@ class Coordinator(PeriodicChecks, ProcessSetCalls):
                 state.new_job(request.job_id, self.clock(), self.settings.max_events_per_job),
                 self._new_store(request.job_id))
         job, joins, key = runtime.job, runtime.joins, request.worker_id
-        previous = joins.pop(key, None)
-        if previous is not None and not previous.done():
-            previous.set_exception(
-                SupersededError(
-                    f"a newer Join from worker {request.worker_id} to job "
-                    f"'{shown_id(job.job_id)}' replaced this one"
-                )
-            )
-        waiter: asyncio.Future[rpb.WorldView] = asyncio.get_running_loop().create_future()
-        joins[key] = waiter
+        waiter: asyncio.Future[rpb.WorldView] = new_waiter(
+            joins, key, f"a newer Join from worker {request.worker_id} to job "
+                        f"'{shown_id(job.job_id)}' replaced this one")
         try:
             effects = state.join(job, request, self.clock())
             if fresh:

@@ -10,15 +10,19 @@ notices of the next check are forgotten by the coordinator, in one place).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Hashable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from hora_negotiation import SetCallKind
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
 from . import state
+from .errors import SupersededError
 from .outbox import Outbox
 from .store import KeyValueStore
+
+_Key = TypeVar("_Key", bound=Hashable)
 
 __all__ = ["Fingerprint", "JobRuntime", "Jobs", "fingerprint"]
 
@@ -101,3 +105,15 @@ class Jobs(MutableMapping[str, state.Job]):
 
     def __len__(self) -> int:
         return len(self._runtimes)
+
+
+def new_waiter(waiters: dict[_Key, asyncio.Future[Any]], key: _Key,
+               superseded: str) -> asyncio.Future[Any]:
+    """A fresh waiter for ``key`` (a worker's Join or set call) in ``waiters``; the
+    one it replaces, still waiting, fails with SupersededError(``superseded``)."""
+    previous = waiters.pop(key, None)
+    if previous is not None and not previous.done():
+        previous.set_exception(SupersededError(superseded))
+    waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    waiters[key] = waiter
+    return waiter

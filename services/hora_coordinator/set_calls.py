@@ -10,10 +10,9 @@ from typing import TypeVar
 from hora_negotiation import SetCallKind
 
 from . import state
-from .errors import SupersededError
 from .limits import shown_id
 from .messages import AddProcessSetRequest, RemoveProcessSetRequest
-from .runtime import JobRuntime
+from .runtime import JobRuntime, new_waiter
 
 __all__ = ["ProcessSetCalls"]
 
@@ -75,16 +74,8 @@ class ProcessSetCalls:
         """
         set_calls = self.runtimes[job.job_id].set_calls
         key = (worker_id, kind)
-        previous = set_calls.pop(key, None)
-        if previous is not None and not previous.done():
-            previous.set_exception(
-                SupersededError(
-                    f"a newer {kind.value} call from worker {worker_id} in job "
-                    f"'{shown_id(job.job_id)}' replaced this one"
-                )
-            )
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        set_calls[key] = waiter
+        waiter = new_waiter(set_calls, key, f"a newer {kind.value} call from worker "
+                            f"{worker_id} in job '{shown_id(job.job_id)}' replaced this one")
         try:
             self.apply(job, transition())
         except BaseException:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hora_negotiation.wire import response_pb, tensor_request_pb
-from hora_proto.options import OptionError, legacy_join_fields
+from hora_proto.options import LEGACY_JOIN_FIELDS, OptionError, legacy_join_fields
 from hora_proto.v1 import negotiation_pb2 as npb
 from hora_proto.v1 import rendezvous_pb2 as rpb
 
@@ -136,7 +136,7 @@ def _job_fields(message: rpb.JoinRequest) -> dict[str, Any]:
             of an option this coordinator acts on that does not parse.
     """
     if not message.job_options:
-        return {name: getattr(message, name) for name in legacy_join_fields({})}
+        return {name: getattr(message, name) for name in LEGACY_JOIN_FIELDS}
     options = dict(message.job_options)
     if len(options) > _OPTION_COUNT_LIMIT:
         raise InvalidRequestError(f"a Join carries at most {_OPTION_COUNT_LIMIT} job options, "
