@@ -29,7 +29,7 @@ from typing import Any
 
 __all__ = ["LOG_LEVELS", "LAUNCHER_ONLY", "ELASTIC_GROUP", "env_value", "MiB", "Flag", "Option", "OPTIONS", "BY_FIELD", "JOB_LEVEL", "OptionError",
            "parse_bool", "parse_text", "format_value", "default_of", "flag_value",
-           "job_options", "job_value", "legacy_join_fields"]
+           "job_options", "job_value", "legacy_join_fields", "LEGACY_JOIN_FIELDS"]
 
 MiB = 1024 * 1024
 
@@ -346,6 +346,10 @@ _LEGACY_JOIN_FIELDS: dict[str, Callable[[Mapping[str, str]], int]] = {
     "max_size": lambda o: int(job_value(o, "max_size")),
     "elastic_timeout_ms": lambda o: _ms(job_value(o, "elastic_timeout")),
 }
+
+
+#: Their names, in field order.
+LEGACY_JOIN_FIELDS = tuple(_LEGACY_JOIN_FIELDS)
 
 
 def legacy_join_fields(options: Mapping[str, str]) -> dict[str, int]:
