@@ -120,10 +120,12 @@ def plan_round(agreed: ControlVector, cached: Mapping[int, Entry],
     batches: list[Batch] = []
     rest = ready
     if carries is not None and ready:
-        carried = [item for item in ready if carries(item[0])]
+        carried: list[Ready] = []
+        rest = []
+        for item in ready:  # one pass: carried or not, in slot order
+            (carried if carries(item[0]) else rest).append(item)
         if carried:
             _fuse(carried, sys.maxsize, batches, lambda _item: Path.CARRIED)
-            rest = [item for item in ready if not carries(item[0])]
     if rest:
         def path(item: Ready) -> Path:
             return choose_path(0, item[1].device, item[1].dtype, pairwise)
