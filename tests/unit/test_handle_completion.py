@@ -5,6 +5,7 @@ generation's failure completes it)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -43,8 +44,9 @@ def test_a_waiter_blocked_on_the_handle_is_woken_by_the_batch_that_completes_it(
     got: list[object] = []
     waiter = threading.Thread(target=lambda: got.append(handle.wait(timeout=10)))
     waiter.start()
-    while handle._event is None and waiter.is_alive():  # the waiter made its event
-        threading.Event().wait(0.01)
+    deadline = time.monotonic() + 10
+    while handle._event is None and waiter.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the waiter has made its event and blocks on it
     Handle.set_results([handle], [3])
     waiter.join(10)
     assert got == [3]
