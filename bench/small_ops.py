@@ -35,8 +35,10 @@ ROUNDS = 1 if SETTINGS.quick else 3  # interleaved launches per system
 PING = "ping"  # the 64-byte round trip, two plain processes
 
 
-def _ping(out: str) -> None:
-    """Rank 0 listens, rank 1 sends 64 bytes and reads them back, many times."""
+def _ping_then_alone(out: str) -> None:
+    """The floors, in two plain processes: a 64-byte round trip between them, then
+    section 2c's step in each process at once with no communication at all."""
+    import json
     import os
 
     from torch.distributed import TCPStore
@@ -44,6 +46,21 @@ def _ping(out: str) -> None:
     rank = int(os.environ["RANK"])
     store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), RANKS,
                      is_master=False, timeout=datetime.timedelta(seconds=60))
+    rtt = _ping(store, rank)
+    common.set_one_thread()
+    store.set(f"alone.{rank}", "1")  # both start stepping together
+    store.wait([f"alone.{r}" for r in range(RANKS)])
+    alone = _steps(*_local_model())
+    if rank == 1:
+        store.set("ping.rtt", json.dumps(rtt))
+        common.write_result(out, 1, {"alone": alone})
+    else:
+        common.write_result(out, 0, {"rtt": json.loads(store.get("ping.rtt")), "alone": alone})
+
+
+def _ping(store, rank: int) -> list[float] | None:
+    """Rank 0 listens, rank 1 sends 64 bytes and reads them back, many times;
+    rank 1 returns the times."""
     if rank == 0:
         with socket.create_server(("127.0.0.1", 0)) as server:
             server.settimeout(60)
@@ -54,7 +71,7 @@ def _ping(out: str) -> None:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 while data := conn.recv(PING_BYTES):
                     conn.sendall(data)
-        return  # the client writes both ranks' files
+        return None
     port = int(store.get("ping.port"))
     with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -66,10 +83,7 @@ def _ping(out: str) -> None:
             while got < PING_BYTES:
                 got += len(conn.recv(PING_BYTES - got))
 
-        times = common.time_reps(round_trip, warmup=100, reps=REPS, iters=OPS_PER_REP)
-    # The driver reads rank 0's file: the client's figures go there.
-    common.write_result(out, 0, {"rtt": times})
-    common.write_result(out, 1, {})
+        return common.time_reps(round_trip, warmup=100, reps=REPS, iters=OPS_PER_REP)
 
 
 def _model():
@@ -81,12 +95,34 @@ def _model():
     return nn.Sequential(*layers)
 
 
-def worker(system: str, out: str) -> None:
+def _local_model():
+    import torch
+
+    torch.manual_seed(0)
+    model = _model()
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
+def _steps(model, optimizer) -> list[float]:
+    """Section 2c's timed steps of ``model``."""
     import torch
     import torch.nn.functional as F
 
+    data, target = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        F.mse_loss(model(data), target).backward()
+        optimizer.step()
+
+    return common.time_reps(step, warmup=WARMUP, reps=REPS, iters=STEPS_PER_REP)
+
+
+def worker(system: str, out: str) -> None:
+    import torch
+
     if system == "single":
-        _ping(out)
+        _ping_then_alone(out)
         return
     common.set_one_thread()
     torch.manual_seed(0)
@@ -95,25 +131,17 @@ def worker(system: str, out: str) -> None:
     tensor = torch.zeros(NBYTES // 4)
     waited = common.time_reps(lambda: comm.allreduce_(tensor, "bench.small_ops.4k"),
                               warmup=WARMUP * 10, reps=REPS, iters=OPS_PER_REP)
-    model = _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model, optimizer = _local_model()
     if comm.hvd is not None:
         optimizer = comm.hvd.DistributedOptimizer(optimizer,
                                                   named_parameters=model.named_parameters())
         comm.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     else:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    data, target = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
-
-    def step(model=model, optimizer=optimizer) -> None:
-        optimizer.zero_grad()
-        F.mse_loss(model(data), target).backward()
-        optimizer.step()
-
-    steps = common.time_reps(step, warmup=WARMUP, reps=REPS, iters=STEPS_PER_REP)
+    steps = _steps(model, optimizer)
     params = sum(1 for _ in model.parameters())
     common.write_result(out, comm.rank, {"waited": waited, "step": steps, "params": params})
-    del model, optimizer, step  # a DDP model must go before its process group
+    del model, optimizer  # a DDP model must go before its process group
     comm.shutdown()
 
 
@@ -167,6 +195,9 @@ def main() -> None:
                      (GLOO, "torch DDP (Gloo)"), (HOROVOD, "Horovod DistributedOptimizer")):
         ms, spread = step.get(s, (None, common.MISSING))
         rows.append([label, fmt(ms, 2), spread, "1.00" if s == HORA else ratio(ms, hora_step)])
+    alone, alone_spread = summary(launch_medians(runs[PING], "alone"), 2)
+    rows.append(["no communication: the same step in 2 plain processes at once (the floor)",
+                 fmt(alone, 2), alone_spread, ratio(alone, hora_step)])
     common.emit(common.section(
         f"2c. optimizer step over {LAYERS} × Linear({WIDTH}, {WIDTH}) "
         f"({params or 2 * LAYERS} parameter tensors), {RANKS} ranks, batch {BATCH}",
@@ -174,7 +205,8 @@ def main() -> None:
                       "speed hora/system"], rows),
         [f"Median over {ROUNDS} interleaved launches of each launch's median of {REPS} "
          f"repetitions of {STEPS_PER_REP} steps after {WARMUP} warm-up steps. Target: "
-         "hora ≥ 1.5 × DDP and ≥ 1.5 × Horovod."],
+         "hora ≥ 1.5 × DDP and ≥ 1.5 × Horovod. The floor row runs no collective at all: "
+         "no system can step faster than it (DDP ÷ 1.5 below it is out of reach)."],
         [r for r in failures if r.system != "single"]))
 
 

@@ -342,19 +342,29 @@ def synchronize(handle: int | CallableHandle) -> Any:
     if isinstance(handle, CallableHandle):
         return handle()
     entry = _lookup(handle)
-    runtime = _runtime.current() if _runtime.is_initialized() else None
     try:
-        # Every failure path of the engine completes the handle, so this
-        # waits in slices only to stay responsive to KeyboardInterrupt.
-        while True:
-            try:
-                return entry.wait(timeout=1.0)
-            except TimeoutError:
-                failure = runtime.engine.failure() if runtime is not None else None
-                if failure is not None and not entry.done():
-                    raise failure from None
+        return wait(entry)
     finally:
         _handles.release(handle)
+
+
+def wait(handle: Handle) -> Any:
+    """:func:`synchronize` for an engine handle that was never given an integer
+    (a DistributedOptimizer's gradient allreduces).
+
+    Raises:
+        HorovodInternalError: as :func:`synchronize`.
+    """
+    runtime = _runtime._runtime
+    # Every failure path of the engine completes the handle, so this waits in
+    # slices only to stay responsive to KeyboardInterrupt.
+    while True:
+        try:
+            return handle.wait(timeout=1.0)
+        except TimeoutError:
+            failure = runtime.engine.failure() if runtime is not None else None
+            if failure is not None and not handle.done():
+                raise failure from None
 
 
 def current_set_id(process_set: ProcessSet) -> int | None:

@@ -180,6 +180,51 @@ def barrier_poll_synchronize():
     return {"waited": waited, "result": result, "polls": polls}
 
 
+def waited_then_polled(rounds: int = 20):
+    """Waited allreduces (their callers run the rounds) mixed with async ones that
+    are only polled, from this thread and from a second one: nobody waits on
+    the polled ones, so the background thread must still run their rounds."""
+    import threading
+
+    rank = hvd.rank()
+
+    def poll_until_done(handle, what):
+        deadline = time.monotonic() + 20
+        while not hvd.poll(handle):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: no round ran for a polled allreduce")
+            time.sleep(0.001)
+        return hvd.synchronize(handle)
+
+    out = {"waited": [], "polled": [], "threaded": []}
+    for i in range(rounds):
+        out["waited"].append(hvd.allreduce(torch.full((4,), float(rank + i)),
+                                           name=f"waited.{i}", op=hvd.Sum))
+        handle = hvd.allreduce_async(torch.full((4,), float(rank * i)), name=f"polled.{i}",
+                                     op=hvd.Sum)
+        out["polled"].append(poll_until_done(handle, f"polled.{i}"))
+    # A second thread's polled allreduce goes in while this thread's waited
+    # one is in flight (admitted first, it wakes nobody).
+    errors = []
+
+    def second():
+        try:
+            for i in range(rounds):
+                handle = hvd.allreduce_async(torch.full((3,), float(rank + 10 * i)),
+                                             name=f"threaded.{i}", op=hvd.Sum)
+                out["threaded"].append(poll_until_done(handle, f"threaded.{i}"))
+        except BaseException as exc:  # reported by the main thread
+            errors.append(repr(exc))
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    for i in range(rounds):
+        hvd.allreduce_(torch.full((2,), float(i)), name=f"alongside.{i}", op=hvd.Sum)
+    thread.join(60)
+    assert not thread.is_alive() and not errors, errors
+    return out
+
+
 def differentiable():
     rank = hvd.rank()
     x = torch.full((2, 2), float(rank + 1), requires_grad=True)

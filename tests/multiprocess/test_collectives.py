@@ -208,6 +208,22 @@ def test_barrier_poll_synchronize(shared_coordinator, size):
 
 
 @pytest.mark.parametrize("size", [2])
+def test_polled_allreduces_complete_beside_waited_ones(shared_coordinator, size):
+    """A waited allreduce does not wake the engine's background thread (its caller
+    runs the round); allreduces that are only polled must still complete."""
+    results = values(run_workers(shared_coordinator, size, SCENARIOS, "waited_then_polled"))
+    ranks = range(size)
+    for result in results:
+        for i, got in enumerate(result["waited"]):
+            torch.testing.assert_close(got, torch.full((4,), float(sum(r + i for r in ranks))))
+        for i, got in enumerate(result["polled"]):
+            torch.testing.assert_close(got, torch.full((4,), float(sum(r * i for r in ranks))))
+        for i, got in enumerate(result["threaded"]):
+            torch.testing.assert_close(got,
+                                       torch.full((3,), float(sum(r + 10 * i for r in ranks))))
+
+
+@pytest.mark.parametrize("size", [2])
 def test_gradients_flow_through_collectives(shared_coordinator, size):
     results = values(run_workers(shared_coordinator, size, SCENARIOS, "differentiable"))
     for rank, result in enumerate(results):

@@ -93,6 +93,8 @@ class Agreement:
         # When the newest cacheable entry came, and when the burst it belongs to began.
         self._last_admit = 0.0
         self._burst_start = 0.0
+        # Whether the background thread was woken for the entries now unclassified.
+        self._woken = False
         self.tuning = CachedPathTuning(settings, rank)
         self._cycle_s = settings.cycle_time.total_seconds()
         # Until the first round has agreed on rank 0's budget, rounds carry no payload.
@@ -117,13 +119,16 @@ class Agreement:
             now = time.monotonic()
             self._last_admit = now
             if not self._unclassified:
-                # The first of a burst wakes the background thread; the rest
-                # would only wake it again (a thread switch per tensor).
                 self._burst_start = now
-                self._unclassified.append(entry)
+                self._woken = False
+            self._unclassified.append(entry)
+            if not self._woken and not entry.waited:
+                # The first of a burst wakes the background thread; the rest
+                # would only wake it again (a thread switch per tensor). A
+                # waited entry's caller runs the round itself: waking the
+                # thread would only make the two contend for the GIL.
+                self._woken = True
                 self._work.notify()
-            else:
-                self._unclassified.append(entry)
             return True
         return False
 

@@ -171,6 +171,9 @@ class Entry:
     invalid: str = ""
     enqueued_at: float = dataclasses.field(default_factory=time.monotonic)
     stall_warned: bool = False
+    # The caller waits on the handle at once (``hvd.allreduce_``): it runs the
+    # round itself, so the background thread need not be woken for it.
+    waited: bool = False
 
     def signature(self) -> Signature:
         return Signature(dtype_name(self.buffer.dtype), tuple(self.buffer.shape),

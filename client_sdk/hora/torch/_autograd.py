@@ -26,7 +26,7 @@ from ._collectives import (
     _reducescatter_async,
     allgather_async,
     allreduce_,
-    allreduce_async,
+    allreduce_waited,
     alltoall_async,
     broadcast_async,
     grouped_allgather_async,
@@ -44,12 +44,12 @@ class _AllreduceFunction(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp,
                 pre: float, post: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.op, ctx.pre, ctx.post, ctx.process_set = op, pre, post, process_set
-        return synchronize(allreduce_async(tensor, None, name, op, pre, post, process_set))
+        return allreduce_waited(tensor, name, op, pre, post, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        reduced = synchronize(allreduce_async(grad.contiguous(), None, None, ctx.op, ctx.pre,
-                                              ctx.post, ctx.process_set))
+        reduced = allreduce_waited(grad.contiguous(), None, ctx.op, ctx.pre, ctx.post,
+                                   ctx.process_set)
         return reduced, None, None, None, None, None
 
 
@@ -164,8 +164,8 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        averaged = synchronize(allreduce_async(grad.contiguous(), op=ReduceOp.AVERAGE,
-                                               process_set=ctx.process_set))
+        averaged = allreduce_waited(grad.contiguous(), None, ReduceOp.AVERAGE, 1.0, 1.0,
+                                    ctx.process_set)
         if rank() != int(ctx.root_rank):
             averaged = torch.zeros_like(averaged)
         return averaged, None, None, None

@@ -38,6 +38,7 @@ from ..world import (
     global_process_set,
     register,
     synchronize,
+    wait,
 )
 from ._adasum_rule import adasum_reduce
 from ._validation import (
@@ -152,12 +153,13 @@ class _Group(Handle):
 
 
 def _allreduce_entry(tensor: torch.Tensor, name: str, op: ReduceOp, pre: float, post: float,
-                     set_id: int, group_id: int = 0, group_size: int = 0) -> Entry:
+                     set_id: int, group_id: int = 0, group_size: int = 0,
+                     waited: bool = False) -> Entry:
     buffer, result = _in_place(tensor)
     return Entry(name=name, op_type=OpType.ALLREDUCE, buffer=buffer, handle=Handle(name),
                  reduce_op=op, prescale_factor=pre, postscale_factor=post,
                  process_set_id=set_id, group_id=group_id, group_size=group_size,
-                 result=result)
+                 result=result, waited=waited)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -165,6 +167,14 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """Starts an in-place allreduce of ``tensor``; returns a handle."""
+    return _allreduce_start(tensor, average, name, op, prescale_factor, postscale_factor,
+                            process_set, waited=False)
+
+
+def _allreduce_start(tensor: torch.Tensor, average: bool | None, name: str | None,
+                     op: ReduceOp | None, prescale_factor: float, postscale_factor: float,
+                     process_set: ProcessSet, waited: bool) -> int:
+    """allreduce_async_; ``waited``: the caller synchronizes on the handle at once."""
     tensor = _tensor(tensor)
     set_id = check_process_set(process_set)
     pre, post = _scale_factors(prescale_factor, postscale_factor)
@@ -173,7 +183,27 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     name = _name(name, "allreduce", set_id)
     if op == ReduceOp.ADASUM and problem is None:
         return _adasum_async_(tensor, name, pre, post, set_id)
-    return _submit(_allreduce_entry(tensor, name, op, pre, post, set_id), problem)
+    return _submit(_allreduce_entry(tensor, name, op, pre, post, set_id, waited=waited),
+                   problem)
+
+
+def allreduce_gradient_async_(tensor: torch.Tensor, name: str, op: ReduceOp, pre: float,
+                              post: float, process_set: ProcessSet) -> Handle:
+    """A DistributedOptimizer's in-place allreduce of one gradient: the checks of
+    :func:`allreduce_async_` whose answers can change, and the engine's handle
+    itself (waited with :func:`hora.world.wait`), not an integer one.
+
+    ``op`` is Average or Sum and the factors are numbers (the optimizer checked
+    them once); ``tensor`` is a dense gradient.
+    """
+    set_id = check_process_set(process_set)
+    problem = _reduction_problem(tensor, op, pre, post, "allreduce")
+    entry = _allreduce_entry(tensor, name, op, pre, post, set_id)
+    entry.invalid = problem or ""
+    handle = _runtime.current().engine.enqueue(entry)
+    if problem:
+        wait(handle)  # raises the InvalidCallError every rank of the call gets
+    return handle
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -186,13 +216,22 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                             process_set)
 
 
+def allreduce_waited(tensor: torch.Tensor, name: str | None, op: ReduceOp, pre: float,
+                     post: float, process_set: ProcessSet) -> torch.Tensor:
+    """``synchronize(allreduce_async(...))``: the caller runs the round itself, so
+    the background thread is not woken for it (hvd.allreduce's forward and backward)."""
+    output = _own_copy(_tensor(tensor))
+    return synchronize(_allreduce_start(output, None, name, op, pre, post, process_set,
+                                        waited=True))
+
+
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                op: ReduceOp | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Allreduces ``tensor`` in place and returns it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    return synchronize(_allreduce_start(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set, waited=True))
 
 
 class _AdasumHandle(Handle):

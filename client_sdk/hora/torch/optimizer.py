@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -10,8 +11,11 @@ from typing import Any
 import torch
 
 from .. import _runtime
+from ..engine import Handle
 from ..engine.telemetry import TELEMETRY
+from ..world import wait
 from ._adasum_rule import adasum_reduce
+from ._collectives import allreduce_gradient_async_
 from .compression import Compression
 from .mpi_ops import (
     Adasum,
@@ -20,7 +24,6 @@ from .mpi_ops import (
     ReduceOp,
     Sum,
     allgather_async,
-    allreduce_async_,
     global_process_set,
     grouped_allreduce_async_,
     synchronize,
@@ -41,6 +44,20 @@ class _Pending:
         self.ctxs = ctxs
         self.wire = wire
         self.sparse = sparse
+
+
+class _Slot:
+    """One parameter's state in a step, reached from its gradient hook without a
+    lookup keyed by the tensor (a tensor's hash is a Python call)."""
+
+    __slots__ = ("param", "group", "wire_name", "delay", "pending")
+
+    def __init__(self, param: torch.Tensor, group: int, name: str, delay: int) -> None:
+        self.param = param
+        self.group = group
+        self.wire_name = f"allreduce.{name}"
+        self.delay = delay  # backward passes left before the allreduce
+        self.pending: _Pending | None = None  # the allreduce in flight this step
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -82,31 +99,37 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # every one of SparseAdam's, and any seen with a sparse gradient.
         self._sparse = set(all_params) if isinstance(self, torch.optim.SparseAdam) else set()
         self._groups = _parameter_groups([p for p in all_params if p.requires_grad], groups)
-        self._group_of = {p: gi for gi, members in enumerate(self._groups) for p in members}
-        self._ready: dict[int, set[torch.Tensor]] = {}
-        self._pending: dict[torch.Tensor, _Pending] = {}
+        self._slot = {p: _Slot(p, gi, self._names[p], backward_passes_per_step)
+                      for gi, members in enumerate(self._groups) for p in members}
+        self._group_slots = [[self._slot[p] for p in members] for members in self._groups]
+        self._ready: dict[int, set[_Slot]] = {}  # group -> its gradients ready so far
+        # The allreduces in flight this step, in the order they started.
+        self._pending: list[_Pending] = []
         # Sparse gradients this step reduces as dense ones (sparse_as_dense):
         # their sparse_dim, to make them sparse again once reduced.
         self._densified: dict[torch.Tensor, int] = {}
-        self._delay = {p: backward_passes_per_step for p in all_params}
         self._synchronized = False
         self._should_synchronize = True
         # The runtime whose collectives the step in progress waits on (None: no step).
         self._step_runtime: Any = None
         self._hooks = []
         if process_set.size() > 1:
-            for p in self._group_of:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+            for p, slot in self._slot.items():
+                self._hooks.append(p.register_post_accumulate_grad_hook(
+                    functools.partial(self._on_grad, slot)))
 
     # -- the step in progress -------------------------------------------------
 
     def _reset_step(self) -> None:
         """Forgets the step in progress: handles, ready-sets, delay counters."""
+        for pending in self._pending:
+            for p in pending.params:
+                self._slot[p].pending = None
         self._pending.clear()
         self._ready.clear()
         self._densified.clear()
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
+        for slot in self._slot.values():
+            slot.delay = self.backward_passes_per_step
         self._synchronized = False
         self._step_runtime = None
 
@@ -114,8 +137,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Drops a step begun in a world that has ended (elastic reset, shutdown)."""
         if self._step_runtime is None:
             return
-        alive = _runtime.current() if _runtime.is_initialized() else None
-        if self._step_runtime is not alive:
+        if self._step_runtime is not _runtime._runtime:
             self._reset_step()
 
     def _begin_step(self) -> None:
@@ -160,6 +182,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return True
         return p.grad is None and p in self._sparse
 
+    def _submit_one(self, slot: _Slot) -> None:
+        """A gradient of its own group: every gradient hook's path, kept short."""
+        p = slot.param
+        grad = p.grad
+        if grad is None or grad.is_sparse or (self._sparse and p in self._sparse):
+            self._submit([p])
+            return
+        wire, ctx = self._compression.compress(grad)
+        pre, post = self._scales()
+        handle = allreduce_gradient_async_(wire, slot.wire_name, self._op, pre, post,
+                                           self._process_set)
+        slot.pending = pending = _Pending([p], handle, [ctx], [wire])
+        self._pending.append(pending)
+
     def _submit(self, params: list[torch.Tensor]) -> None:
         # Sparse gradients leave their group: they are gathered, not reduced.
         dense = []
@@ -176,16 +212,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         wire = [w for w, _ in pairs]
         pre, post = self._scales()
         if len(params) == 1:
-            handle = allreduce_async_(wire[0], name=f"allreduce.{self._names[params[0]]}",
-                                      op=self._op, prescale_factor=pre, postscale_factor=post,
-                                      process_set=self._process_set)
+            handle: Any = allreduce_gradient_async_(wire[0], self._slot[params[0]].wire_name,
+                                                    self._op, pre, post, self._process_set)
         else:
             handle = grouped_allreduce_async_(
                 wire, name=f"allreduce.group.{self._names[params[0]]}", op=self._op,
                 prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
         pending = _Pending(params, handle, [c for _, c in pairs], wire)
+        self._pending.append(pending)
         for p in params:
-            self._pending[p] = pending
+            self._slot[p].pending = pending
 
     def _submit_sparse(self, p: torch.Tensor) -> None:
         # Sparse gradients have different nonzeros on every rank: gather
@@ -203,26 +239,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         indices = allgather_async(grad._indices().t().contiguous(), name=f"{name}.indices",
                                   process_set=self._process_set)
         pending = _Pending([p], (values, indices), [None], [], sparse=True)
-        self._pending[p] = pending
+        self._pending.append(pending)
+        self._slot[p].pending = pending
 
-    def _on_grad(self, p: torch.Tensor) -> None:
-        self._begin_step()
-        if p in self._pending:
+    def _on_grad(self, slot: _Slot, p: torch.Tensor) -> None:
+        if self._step_runtime is not _runtime._runtime:
+            self._begin_step()
+        if slot.pending is not None:
             raise RuntimeError(
                 f"the gradient of {self._names[p]!r} was computed again before step(): call "
                 f"optimizer.step() or optimizer.synchronize() after every "
                 f"{self.backward_passes_per_step} backward pass(es), or raise "
                 f"backward_passes_per_step")
-        self._delay[p] -= 1
-        if self._delay[p] > 0:
+        slot.delay -= 1
+        if slot.delay > 0:
             return
-        gi = self._group_of[p]
+        gi = slot.group
         members = self._groups[gi]
         if len(members) == 1:
-            self._submit([p])
+            self._submit_one(slot)
             return
         ready = self._ready.setdefault(gi, set())
-        ready.add(p)
+        ready.add(slot)
         if len(ready) == len(members):
             del self._ready[gi]
             self._submit(list(members))
@@ -234,17 +272,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._drop_stale_step()
         if self._process_set.size() > 1:
             self._begin_step()
-            for gi, members in enumerate(self._groups):
-                if not any(p in self._pending for p in members):
+            for gi, slots in enumerate(self._group_slots):
+                if not any(slot.pending is not None for slot in slots):
                     self._ready.pop(gi, None)
-                    self._submit(list(members))
+                    self._submit(list(self._groups[gi]))
         # Also in a world of one (an elastic job that shrank): the hooks may
         # have started allreduces, which are waited for, not left behind.
-        done: set[int] = set()
-        for pending in list(self._pending.values()):
-            if id(pending) in done:
-                continue
-            done.add(id(pending))
+        for pending in self._pending:
             self._complete(pending)
         self._reset_step()
         self._synchronized = True
@@ -260,13 +294,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape,
                                              check_invariants=False).coalesce()
             return
-        outputs = synchronize(pending.handle)
+        handle = pending.handle
+        outputs = wait(handle) if isinstance(handle, Handle) else synchronize(handle)
         if not isinstance(outputs, list):
             outputs = [outputs]
         for p, out, ctx in zip(pending.params, outputs, pending.ctxs, strict=True):
             if ctx is not None or out is not p.grad:
                 assert p.grad is not None
                 p.grad.copy_(self._compression.decompress(out, ctx))
+            if not self._densified:
+                continue
             sparse_dim = self._densified.pop(p, None)
             if sparse_dim is not None:
                 assert p.grad is not None
@@ -290,8 +327,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if passes < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
         self.backward_passes_per_step = passes
-        for p in self._delay:
-            self._delay[p] = passes
+        for slot in self._slot.values():
+            slot.delay = passes
 
     def step(self, closure: Any = None) -> Any:
         self._drop_stale_step()
