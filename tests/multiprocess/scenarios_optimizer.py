@@ -84,6 +84,21 @@ def optimizer_misuse():
     return out
 
 
+def backward_after_shutdown():
+    """A gradient hook in no world: the first backward pass raises, even when the
+    allreduce itself would wait for a second pass (backward_passes_per_step=2)."""
+    model = torch.nn.Linear(3, 1)
+    hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                             named_parameters=model.named_parameters(),
+                             backward_passes_per_step=2)
+    hvd.shutdown()
+    try:
+        model(torch.ones(2, 3)).sum().backward()
+    except ValueError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def adasum_optimizer_step():
     """One SGD step with op=Adasum: every rank applies start + adasum(delta_0, delta_1, ...)."""
     rank = hvd.rank()

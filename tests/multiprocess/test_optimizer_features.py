@@ -47,6 +47,11 @@ def test_optimizer_misuse_gets_clear_errors(shared_coordinator):
         assert "duplicate names: ['w']" in r.value["dupes"]
 
 
+def test_backward_after_shutdown_raises_at_the_first_hook(shared_coordinator):
+    for r in run_workers(shared_coordinator, 2, SCENARIOS, "backward_after_shutdown"):
+        assert r.value is not None and "NotInitializedError" in r.value, r.value
+
+
 def _adasum_pair(a, b):
     a, b = a.double().flatten(), b.double().flatten()
     dot = float(a @ b)

@@ -196,6 +196,7 @@ def allreduce_gradient_async_(tensor: torch.Tensor, name: str, op: ReduceOp, pre
     ``op`` is Average or Sum and the factors are numbers (the optimizer checked
     them once); ``tensor`` is a dense gradient.
     """
+    tensor = _tensor(tensor)  # a compression may hand back anything
     set_id = check_process_set(process_set)
     problem = _reduction_problem(tensor, op, pre, post, "allreduce")
     entry = _allreduce_entry(tensor, name, op, pre, post, set_id)

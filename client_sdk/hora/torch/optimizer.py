@@ -243,8 +243,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._slot[p].pending = pending
 
     def _on_grad(self, slot: _Slot, p: torch.Tensor) -> None:
-        if self._step_runtime is not _runtime._runtime:
-            self._begin_step()
+        if self._step_runtime is None or self._step_runtime is not _runtime._runtime:
+            self._begin_step()  # raises NotInitializedError outside a world
         if slot.pending is not None:
             raise RuntimeError(
                 f"the gradient of {self._names[p]!r} was computed again before step(): call "
