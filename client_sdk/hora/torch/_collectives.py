@@ -23,7 +23,7 @@ The differentiable forms and their gradients are in :mod:`._autograd`.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -38,9 +38,17 @@ from ..world import (
     global_process_set,
     register,
     synchronize,
-    wait,
 )
 from ._adasum_rule import adasum_reduce
+from ._submission import (
+    _enqueue,
+    _Group,
+    _in_place,
+    _name,
+    _own_copy,
+    _submit,
+    _submit_all,
+)
 from ._validation import (
     _device_problem,
     _op,
@@ -63,91 +71,6 @@ __all__ = [
     "grouped_reducescatter_async", "sparse_allreduce_async",
     "barrier", "join", "start_timeline", "stop_timeline",
 ]
-
-# -- submission -------------------------------------------------------------------
-
-
-def _name(name: str | None, op: str, set_id: int) -> str:
-    if name is not None and not isinstance(name, str):
-        raise InvalidTypeError(f"name must be a string, got {type(name).__name__}")
-    return name if name else _runtime.current().auto_name(op, set_id)
-
-
-def _submit(entry: Entry, problem: str | None) -> int:
-    """Enqueues ``entry``; an invalid one fails on every rank of the call, and here at once.
-
-    Raises:
-        InvalidCallError: ``problem`` was given (or another rank's call was invalid).
-    """
-    # _submit_all for one entry, without its lists: this is every small
-    # allreduce's path (a DistributedOptimizer's hook per parameter).
-    engine = _runtime.current().engine
-    entry.invalid = problem or ""
-    handle = register(engine.enqueue(entry))
-    if problem:
-        synchronize(handle)  # raises the InvalidCallError every rank of the call gets
-    return handle
-
-
-def _submit_all(entries: list[Entry], problems: Sequence[str | None],
-                handle_of: Callable[[list[Handle]], Handle]) -> int:
-    """Enqueues ``entries`` under one handle; ``problems[i]`` is entry i's own
-    problem, so that the error every rank gets names the tensor at fault."""
-    engine = _runtime.current().engine
-    for entry, problem in zip(entries, problems, strict=True):
-        entry.invalid = problem or ""
-    handle = register(handle_of([engine.enqueue(entry) for entry in entries]))
-    if any(problems):
-        synchronize(handle)  # raises the InvalidCallError every rank of the call gets
-    return handle
-
-
-def _copy_back(target: torch.Tensor) -> Any:
-    def result(value: torch.Tensor) -> torch.Tensor:
-        if value is not target:
-            # An inference tensor can only be written inside inference mode.
-            with torch.inference_mode(target.is_inference()):
-                target.copy_(value.view_as(target))
-        return target
-    return result
-
-
-def _own_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of ``tensor`` that the engine's thread may write.
-
-    It is made outside ``torch.inference_mode()``, so it is a normal tensor even
-    when the caller is inside that mode (Lightning's validation and test loops
-    are): an inference tensor can only be written inside the mode, and the
-    engine's thread is not in it.
-    """
-    with torch.inference_mode(False):
-        return tensor.detach().clone(memory_format=torch.contiguous_format)
-
-
-def _in_place(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """The buffer a collective writes for ``tensor``, and how the result reaches ``tensor``."""
-    if tensor.is_inference():
-        return _own_copy(tensor), _copy_back(tensor)
-    if tensor.is_contiguous():
-        return tensor, None
-    return tensor.contiguous(), _copy_back(tensor)
-
-
-class _Group(Handle):
-    """One handle over the tensors of a grouped call; waits for all of them."""
-
-    __slots__ = ("handles",)
-
-    def __init__(self, handles: list[Handle]) -> None:
-        super().__init__("group")
-        self.handles = handles
-
-    def done(self) -> bool:
-        return all(h.done() for h in self.handles)
-
-    def wait(self, timeout: float | None = None) -> list[Any]:
-        return [h.wait(timeout) for h in self.handles]
-
 
 # -- allreduce ---------------------------------------------------------------------
 
@@ -199,12 +122,7 @@ def allreduce_gradient_async_(tensor: torch.Tensor, name: str, op: ReduceOp, pre
     tensor = _tensor(tensor)  # a compression may hand back anything
     set_id = check_process_set(process_set)
     problem = _reduction_problem(tensor, op, pre, post, "allreduce")
-    entry = _allreduce_entry(tensor, name, op, pre, post, set_id)
-    entry.invalid = problem or ""
-    handle = _runtime.current().engine.enqueue(entry)
-    if problem:
-        wait(handle)  # raises the InvalidCallError every rank of the call gets
-    return handle
+    return _enqueue(_allreduce_entry(tensor, name, op, pre, post, set_id), problem)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,

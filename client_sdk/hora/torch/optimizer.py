@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -14,8 +14,9 @@ from .. import _runtime
 from ..engine import Handle
 from ..engine.telemetry import TELEMETRY
 from ..world import wait
-from ._adasum_rule import adasum_reduce
+from ._adasum_optimizer import _DistributedAdasumOptimizer
 from ._collectives import allreduce_gradient_async_
+from ._parameters import _parameter_groups, _parameter_names
 from .compression import Compression
 from .mpi_ops import (
     Adasum,
@@ -358,106 +359,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                 "cause a race condition: the gradients are still being allreduced")
         return super(self.__class__, self).zero_grad(set_to_none)
-
-
-def _parameter_names(param_groups: list[dict[str, Any]], all_params: list[torch.Tensor],
-                     named_parameters: Iterable[tuple[str, Any]] | None
-                     ) -> dict[torch.Tensor, str]:
-    if named_parameters is None:
-        # Horovod's names, the same on every rank: group index, then position.
-        return {p: f"allreduce.noname.{gi}.{pi}" for gi, group in enumerate(param_groups)
-                for pi, p in enumerate(group["params"])}
-    named = list(named_parameters)
-    names = [n for n, _ in named]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"named_parameters has duplicate names: {dupes}")
-    by_param = {p: n for n, p in named}
-    unnamed = [i for i, p in enumerate(all_params) if p not in by_param]
-    if unnamed:
-        raise ValueError(
-            f"named_parameters was given but {len(unnamed)} optimizer parameter(s) are not in "
-            f"it (positions {unnamed[:5]}); pass model.named_parameters() of the model whose "
-            f"parameters the optimizer updates")
-    return {p: by_param[p] for p in all_params}
-
-
-def _parameter_groups(all_params: list[torch.Tensor], groups: Any
-                      ) -> list[list[torch.Tensor]]:
-    """Splits parameters into allreduce groups: one each, N even groups, or given lists."""
-    if groups is None or groups == 0:
-        return [[p] for p in all_params]
-    if isinstance(groups, int):
-        if groups < 0:
-            raise ValueError(f"groups must be >= 0, got {groups}")
-        per = -(-len(all_params) // groups)
-        return [all_params[i:i + per] for i in range(0, len(all_params), per)]
-    if isinstance(groups, Sequence):
-        given = [list(g) for g in groups]
-        seen = {p for g in given for p in g}
-        if len(seen) != sum(len(g) for g in given):
-            raise ValueError("a parameter appears in more than one of the given groups")
-        unknown = [p for p in seen if not any(p is q for q in all_params)]
-        if unknown:
-            raise ValueError("groups name parameters the optimizer does not update")
-        # Parameters left out of every group are reduced on their own.
-        return given + [[p] for p in all_params if p not in seen]
-    raise TypeError(f"groups must be an int or a list of parameter lists, got {type(groups)}")
-
-
-class _DistributedAdasumOptimizer(torch.optim.Optimizer):
-    """Adasum: each rank steps on its own gradient, then the deltas are Adasum-combined.
-
-    This follows Horovod's Adasum optimizer: the update each rank would make
-    alone is computed locally, and the ranks' updates are combined with the
-    Adasum rule (which keeps the combined step size stable as ranks are
-    added, so the learning rate need not be scaled by the world size).
-    """
-
-    def __init__(self, params: Any, named_parameters: Iterable[tuple[str, Any]] | None,
-                 compression: Any, backward_passes_per_step: int, process_set: ProcessSet
-                 ) -> None:
-        # The user's optimizer class comes next in the dynamic class's MRO.
-        super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
-        all_params = [p for group in self.param_groups for p in group["params"]]
-        self._parameter_names = _parameter_names(self.param_groups, all_params, named_parameters)
-        self._names = self._parameter_names
-        self._compression = compression
-        self._process_set = process_set
-        self.backward_passes_per_step = backward_passes_per_step
-
-    def synchronize(self) -> None:
-        """Nothing to wait for: Adasum combines updates inside ``step()``."""
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        yield
-
-    def _local_step(self, closure: Any = None) -> Any:
-        """The wrapped optimizer's update alone, with no collective."""
-        return super(self.__class__, self).step(closure)
-
-    def step(self, closure: Any = None) -> Any:
-
-        params = [p for group in self.param_groups for p in group["params"]]
-        starts = [p.detach().clone() for p in params]
-        loss = super(self.__class__, self).step(closure)
-        if self._process_set.size() > 1:
-            with torch.no_grad():
-                # Every delta is gathered at once, so that the ranks agree on
-                # all of them in one round instead of one round per parameter.
-                pending = []
-                for p, start in zip(params, starts, strict=True):
-                    wire, ctx = self._compression.compress(p - start)
-                    handle = allgather_async(wire.reshape(1, -1), name=f"adasum.{self._names[p]}",
-                                             process_set=self._process_set)
-                    pending.append((p, start, wire.shape, ctx, handle))
-                for p, start, shape, ctx, handle in pending:
-                    rows = synchronize(handle)
-                    combined = adasum_reduce(list(rows.unbind(0))).reshape(shape)
-                    p.copy_(start + self._compression.decompress(combined, ctx))
-        TELEMETRY.step()
-        return loss
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horovod's name

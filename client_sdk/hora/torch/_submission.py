@@ -1,0 +1,100 @@
+"""How a collective's entries reach the engine: names, in-place buffers, the
+check that fails an invalid call on every rank, and the handles callers get."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .. import _runtime
+from ..engine import Entry, Handle
+from ..errors import InvalidTypeError
+from ..world import register, synchronize, wait
+
+
+def _name(name: str | None, op: str, set_id: int) -> str:
+    if name is not None and not isinstance(name, str):
+        raise InvalidTypeError(f"name must be a string, got {type(name).__name__}")
+    return name if name else _runtime.current().auto_name(op, set_id)
+
+
+def _enqueue(entry: Entry, problem: str | None) -> Handle:
+    """Enqueues ``entry``; an invalid one fails on every rank of the call, and here at once.
+
+    Raises:
+        InvalidCallError: ``problem`` was given (or another rank's call was invalid).
+    """
+    # _submit_all for one entry, without its lists: this is every small
+    # allreduce's path (a DistributedOptimizer's hook per parameter).
+    entry.invalid = problem or ""
+    handle = _runtime.current().engine.enqueue(entry)
+    if problem:
+        wait(handle)  # raises the InvalidCallError every rank of the call gets
+    return handle
+
+
+def _submit(entry: Entry, problem: str | None) -> int:
+    """:func:`_enqueue`, with the integer handle Horovod's API returns."""
+    return register(_enqueue(entry, problem))
+
+
+def _submit_all(entries: list[Entry], problems: Sequence[str | None],
+                handle_of: Callable[[list[Handle]], Handle]) -> int:
+    """Enqueues ``entries`` under one handle; ``problems[i]`` is entry i's own
+    problem, so that the error every rank gets names the tensor at fault."""
+    engine = _runtime.current().engine
+    for entry, problem in zip(entries, problems, strict=True):
+        entry.invalid = problem or ""
+    handle = register(handle_of([engine.enqueue(entry) for entry in entries]))
+    if any(problems):
+        synchronize(handle)  # raises the InvalidCallError every rank of the call gets
+    return handle
+
+
+def _copy_back(target: torch.Tensor) -> Any:
+    def result(value: torch.Tensor) -> torch.Tensor:
+        if value is not target:
+            # An inference tensor can only be written inside inference mode.
+            with torch.inference_mode(target.is_inference()):
+                target.copy_(value.view_as(target))
+        return target
+    return result
+
+
+def _own_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``tensor`` that the engine's thread may write.
+
+    It is made outside ``torch.inference_mode()``, so it is a normal tensor even
+    when the caller is inside that mode (Lightning's validation and test loops
+    are): an inference tensor can only be written inside the mode, and the
+    engine's thread is not in it.
+    """
+    with torch.inference_mode(False):
+        return tensor.detach().clone(memory_format=torch.contiguous_format)
+
+
+def _in_place(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """The buffer a collective writes for ``tensor``, and how the result reaches ``tensor``."""
+    if tensor.is_inference():
+        return _own_copy(tensor), _copy_back(tensor)
+    if tensor.is_contiguous():
+        return tensor, None
+    return tensor.contiguous(), _copy_back(tensor)
+
+
+class _Group(Handle):
+    """One handle over the tensors of a grouped call; waits for all of them."""
+
+    __slots__ = ("handles",)
+
+    def __init__(self, handles: list[Handle]) -> None:
+        super().__init__("group")
+        self.handles = handles
+
+    def done(self) -> bool:
+        return all(h.done() for h in self.handles)
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        return [h.wait(timeout) for h in self.handles]
