@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Backend", "BackendError", "ReduceKind", "Reducer", "scale_"]
+__all__ = ["Backend", "BackendError", "PlacedViews", "ReduceKind", "Reducer", "scale_"]
 
 
 class BackendError(RuntimeError):
@@ -98,3 +98,42 @@ def scale_(tensor: torch.Tensor, factor: float) -> None:
         tensor.mul_(factor)
     else:
         tensor.copy_(tensor.to(torch.float64).mul_(factor).trunc_())
+
+
+class PlacedViews:
+    """Views of a flat buffer laid out as a list of tensors, kept across rounds.
+
+    A fused batch copies its tensors into one flat buffer and back. Making a
+    view per tensor costs a torch call each (a few µs), for the same layout
+    round after round in training; this keeps the last few layouts' views,
+    so that a whole batch moves with one ``torch._foreach_copy_``.
+
+    A layout is keyed by the buffer's address and the tensors' dtypes,
+    shapes and offsets. The views hold the buffer's storage, so that address
+    cannot be handed to another buffer while they are kept.
+
+    Args:
+        keep: how many layouts to keep (the oldest goes first).
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self._keep = keep
+        self._views: dict[tuple[object, ...], list[torch.Tensor]] = {}
+
+    def get(self, buffer: torch.Tensor, placed: Sequence[tuple[int, torch.dtype, torch.Size]]
+            ) -> list[torch.Tensor]:
+        """Views of ``buffer`` (uint8 or of any dtype, contiguous): one per
+        (byte offset, dtype, shape) of ``placed``."""
+        key = (buffer.data_ptr(), buffer.dtype, tuple(placed))
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= self._keep:
+                del self._views[next(iter(self._views))]
+            raw = buffer.view(torch.uint8) if buffer.dtype != torch.uint8 else buffer
+            views = self._views[key] = [
+                raw[offset:offset + shape.numel() * dtype.itemsize].view(dtype).view(shape)
+                for offset, dtype, shape in placed]
+        return views
+
+    def clear(self) -> None:
+        self._views.clear()

@@ -34,10 +34,10 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from .base import BackendError, ReduceKind, scale_
+from .base import BackendError, PlacedViews, ReduceKind, scale_
 from .mesh_transport import MAX_MESH_SIZE, MeshTransport
 
-__all__ = ["MAX_MESH_SIZE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "MeshBackend", "MeshRound",
+__all__ = ["KEPT_LAYOUTS", "MAX_MESH_SIZE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "MeshBackend", "MeshRound",
            "PairwiseAllreduce", "TensorSpec"]
 
 # Element types the mesh reduces itself, by wire name.
@@ -50,6 +50,17 @@ _REDUCE_INTO: dict[ReduceKind, Callable[[torch.Tensor, torch.Tensor], Any]] = {
     ReduceKind.MAX: lambda acc, other: torch.maximum(acc, other, out=acc),
     ReduceKind.PRODUCT: torch.Tensor.mul_,
 }
+
+# The same reductions into a third tensor (``out=``): rank 0's and rank 1's in one pass.
+_COMBINE: dict[ReduceKind, Callable[..., Any]] = {
+    ReduceKind.SUM: torch.add,
+    ReduceKind.MIN: torch.minimum,
+    ReduceKind.MAX: torch.maximum,
+    ReduceKind.PRODUCT: torch.mul,
+}
+
+# The most layouts a mesh keeps (each of a set of ready slots).
+KEPT_LAYOUTS = 16
 
 # The most bytes of a tensor one pass of PairwiseAllreduce handles: a larger
 # tensor goes in chunks, so the receive buffers the transport keeps stay small.
@@ -108,6 +119,10 @@ class MeshBackend:
             if size in PairwiseAllreduce.SIZES and not self.transport.shared else None
         self._layouts: dict[tuple[int, ...], Layout] = {}
         self._layouts_key: tuple[int, int] = (-1, -1)
+        # Views of the payload buffer (it alternates between two halves of a
+        # segment), for the storage they were made of.
+        self._placed = PlacedViews()
+        self._placed_storage = 0
 
     @property
     def waiting_for(self) -> tuple[int, ...]:
@@ -137,6 +152,10 @@ class MeshBackend:
             self._layouts_key = (version, budget)
         found = self._layouts.get(slots)
         if found is None:
+            # Rounds the background thread runs during a backward pass find
+            # different tensors ready from step to step: keep the newest only.
+            if len(self._layouts) >= KEPT_LAYOUTS:
+                del self._layouts[next(iter(self._layouts))]
             found = self._layouts[slots] = _compute_layout(slots, spec, budget)
         return found
 
@@ -148,29 +167,46 @@ class MeshBackend:
         if not offsets:
             return None
         send = self.transport.payload_buffer(total)
-        # Copy runs of tensors that lie back to back with one call each.
-        runs: list[list[Any]] = []  # [start, end, prescale, tensors]
+        placed: list[tuple[int, torch.dtype, torch.Size]] = []
+        sources: list[torch.Tensor] = []
+        scales: list[float] = []
+        flat = True  # every tensor 1-D, of one dtype, back to back from the first
+        end = -1
         for slot, tensor, prescale in tensors:
             offset = offsets.get(slot)
             if offset is None:
                 continue
-            flat = tensor if tensor.dim() == 1 else tensor.view(-1)
-            end = offset + flat.nbytes
-            last = runs[-1] if runs else None
-            if (last is not None and last[1] == offset and last[3][0].dtype == flat.dtype
-                    and last[2] == prescale):
-                last[1] = end
-                last[3].append(flat)
-            else:
-                runs.append([offset, end, prescale, [flat]])
-        for start, end, prescale, flats in runs:
-            out = send[start:end].view(flats[0].dtype)
-            if len(flats) == 1:
-                out.copy_(flats[0])
-            else:
-                torch.cat(flats, out=out)
-            scale_(out, prescale)
+            dtype = tensor.dtype
+            if flat and (tensor.dim() != 1 or (end >= 0 and (offset != end
+                                                             or dtype != placed[0][1]))):
+                flat = False
+            end = offset + tensor.nbytes
+            placed.append((offset, dtype, tensor.shape))
+            sources.append(tensor)
+            scales.append(prescale)
+        if flat:
+            # One kernel for the whole run (the cheapest copy of 1-D tensors).
+            torch.cat(sources, out=send[placed[0][0]:end].view(placed[0][1]))
+            if all(prescale == 1.0 for prescale in scales):
+                return send
+            views = self._views(send, placed)
+        else:
+            # One copy call for every tensor, into views kept across rounds.
+            views = self._views(send, placed)
+            torch._foreach_copy_(views, sources)
+        for view, prescale in zip(views, scales, strict=True):
+            scale_(view, prescale)
         return send
+
+    def _views(self, send: torch.Tensor, placed: list[tuple[int, torch.dtype, torch.Size]]
+               ) -> list[torch.Tensor]:
+        """Views of the payload buffer ``send`` as each placed tensor; dropped when
+        the segment grows (they would keep the old one mapped)."""
+        storage = send.untyped_storage().data_ptr()
+        if storage != self._placed_storage:
+            self._placed.clear()
+            self._placed_storage = storage
+        return self._placed.get(send, placed)
 
     def exchange(self, values: Sequence[int], payload: torch.Tensor | None) -> list[Message]:
         """Every rank's vector and payload, by rank (see :meth:`MeshTransport.exchange`)."""
@@ -241,6 +277,7 @@ class CarriedBatch:
         first_slot, last_slot = self._slots[0][0], self._slots[-1][0]
         last_nbytes = self._slots[-1][1]
         reduce = _REDUCE_INTO[op]
+        first: torch.Tensor | None = None
         for rank, (payload, layout) in enumerate(zip(self._payloads, self._layouts,
                                                      strict=True)):
             assert payload is not None
@@ -253,9 +290,16 @@ class CarriedBatch:
                 theirs = torch.cat([payload[layout[slot]:layout[slot] + size].view(dtype)
                                     for slot, size in self._slots])
             if rank == 0:
-                flat.copy_(theirs)
+                first = theirs
+            elif rank == 1:
+                # Rank 0's and rank 1's contributions combined in one pass.
+                assert first is not None
+                _COMBINE[op](first, theirs, out=flat)
             else:
                 reduce(flat, theirs)
+        if len(self._payloads) == 1:
+            assert first is not None
+            flat.copy_(first)
 
 
 class PairwiseAllreduce:

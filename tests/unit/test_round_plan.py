@@ -152,6 +152,24 @@ def test_the_cached_and_the_negotiated_paths_pick_the_same_backend():
             s.close()
 
 
+def test_a_quick_key_stands_for_a_signature_only_while_the_slot_keeps_it():
+    x = _entry("x")
+    assert x.quick_key() == _entry("x", value=5.0).quick_key()  # another tensor, same kind
+    for other in (_entry("x", numel=5), _entry("x", dtype=torch.float64)):
+        assert other.quick_key() != x.quick_key() and other.signature() != x.signature()
+    cache = _cache(x)
+    slot, _ = cache.lookup("x")
+    assert cache.quick(slot) is None
+    cache.record_quick(slot, x.quick_key())
+    assert cache.quick(slot) == x.quick_key()
+    cache.put("x", _entry("x", numel=5).signature())  # the slot's signature changes
+    assert cache.quick(slot) is None
+    cache.record_quick(slot, x.quick_key())
+    cache.evict(slot)
+    slot_again, _ = cache.put("y", _entry("y").signature())
+    assert slot_again == slot and cache.quick(slot) is None
+
+
 # ---- rounds of N ranks in one process -----------------------------------------------------
 
 

@@ -152,19 +152,26 @@ class Agreement:
         every rank drops the slot and asks the coordinator again.
         """
         misses = []
+        cache = self.cache
         for entry in self._unclassified:
-            found = self.cache.lookup(entry.name) if self._cache_on else None
+            found = cache.lookup(entry.name) if self._cache_on else None
             if found is None:
                 misses.append(entry)
                 continue
             slot, signature = found
             # An invalid call must reach the coordinator on every rank: the
             # slot is dropped everywhere, so the valid ranks ask it too.
-            if entry.invalid or signature != entry.signature():
-                self._invalid_slots.add(slot)
-                misses.append(entry)
-                continue
-            self._cached_pending[slot] = entry
+            if not entry.invalid:
+                key = entry.quick_key()
+                if cache.quick(slot) == key:
+                    self._cached_pending[slot] = entry
+                    continue
+                if signature == entry.signature():
+                    cache.record_quick(slot, key)
+                    self._cached_pending[slot] = entry
+                    continue
+            self._invalid_slots.add(slot)
+            misses.append(entry)
         TELEMETRY.cache(len(self._unclassified) - len(misses), len(misses))
         self._unclassified.clear()
         return misses

@@ -63,6 +63,10 @@ class ResponseCache:
         self._lru: OrderedDict[int, None] = OrderedDict()
         # Bumped whenever a slot changes, so that derived data can be cached.
         self.version = 0
+        # Per slot, the quick key (:meth:`~.pending.Entry.quick_key`) of the last
+        # tensor found to match its signature: a tensor with the same key
+        # matches too, without building its signature.
+        self._quick: dict[int, object] = {}
 
     def __len__(self) -> int:
         """Number of slots in use or free (the width of a round's control vector)."""
@@ -86,6 +90,14 @@ class ResponseCache:
         assert entry is not None
         return entry[1]
 
+    def quick(self, slot: int) -> object:
+        """The quick key last recorded for ``slot`` (None when there is none)."""
+        return self._quick.get(slot)
+
+    def record_quick(self, slot: int, key: object) -> None:
+        """Records that a tensor with quick key ``key`` matches ``slot``'s signature."""
+        self._quick[slot] = key
+
     def put(self, name: str, signature: Signature) -> tuple[int, int | None]:
         """Caches ``name``; returns its slot and the slot evicted to make room, if any."""
         if self.capacity <= 0:
@@ -94,6 +106,7 @@ class ResponseCache:
         existing = self._by_name.get(name)
         if existing is not None:
             self._slots[existing] = (name, signature)
+            self._quick.pop(existing, None)
             self.touch(existing)
             return existing, None
         evicted = None
@@ -123,6 +136,7 @@ class ResponseCache:
             return None
         self.version += 1
         self._slots[slot] = None
+        self._quick.pop(slot, None)
         del self._by_name[entry[0]]
         self._lru.pop(slot, None)
         self._free.append(slot)

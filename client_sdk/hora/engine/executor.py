@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hora_native import Backend, BackendError, ReduceKind, Reducer, scale_
+from hora_native import Backend, BackendError, PlacedViews, ReduceKind, Reducer, scale_
 from hora_proto.v1 import negotiation_pb2
 
 from .._ops import OpType, ReduceOp, split_rows
@@ -68,10 +68,6 @@ def post_factor(entry: Entry, set_size: int) -> float:
     return post / set_size if entry.reduce_op == ReduceOp.AVERAGE else post
 
 
-def _flat(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor if tensor.dim() == 1 else tensor.view(-1)
-
-
 def identity(op: ReduceOp, dtype: torch.dtype) -> float | int | bool:
     """What a joined rank contributes to an allreduce: the reduction's identity."""
     if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
@@ -107,6 +103,8 @@ class Executor:
         self._selector = selector
         self._timeline = timeline
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        # Each batch's views of its fusion buffer (:meth:`_fused`).
+        self._placed = PlacedViews()
 
     # -- running safely ---------------------------------------------------------
 
@@ -222,7 +220,21 @@ class Executor:
             size = max(numel, 2 * buf.numel() if buf is not None else 0)
             buf = torch.empty(size, dtype=dtype, device=device)
             self._fusion_buffers[key] = buf
+            self._placed.clear()  # they would keep the old buffer alive
         return buf[:numel]
+
+    def _fused(self, buffers: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The fusion buffer for ``buffers`` (one dtype and device, contiguous),
+        and a view of it shaped as each, back to back."""
+        first = buffers[0]
+        dtype, itemsize = first.dtype, first.element_size()
+        placed, offset = [], 0
+        for b in buffers:
+            shape = b.shape
+            placed.append((offset, dtype, shape))
+            offset += shape.numel() * itemsize
+        buf = self.fusion_buffer(dtype, first.device, offset // itemsize)
+        return buf, self._placed.get(buf, placed)
 
     def allreduce(self, backend: Reducer, entries: list[Entry], set_size: int) -> None:
         """Allreduces ``entries`` (one fusion batch) on ``backend`` and completes them."""
@@ -230,14 +242,18 @@ class Executor:
         names = [e.name for e in entries]
         self.activity(names, "QUEUE", None)
         reads_input = backend.reads_input
+        views: list[torch.Tensor] = []
         if len(entries) == 1:
             buf = first.buffer
         else:
-            total = sum(e.buffer.numel() for e in entries)
-            buf = self.fusion_buffer(first.buffer.dtype, first.buffer.device, total)
+            buffers = [e.buffer for e in entries]
+            buf, views = self._fused(buffers)
             if reads_input:
                 self.activity(names, None, "MEMCPY_IN_FUSION_BUFFER")
-                torch.cat([e.buffer.reshape(-1) for e in entries], out=buf)
+                if all(b.dim() == 1 for b in buffers):
+                    torch.cat(buffers, out=buf)  # one kernel: the cheapest for 1-D
+                else:
+                    torch._foreach_copy_(views, buffers)
                 self.activity(names, "MEMCPY_IN_FUSION_BUFFER", None)
         activity = f"{backend.name.upper()}_ALLREDUCE"
         self.activity(names, None, activity)
@@ -250,8 +266,7 @@ class Executor:
             self.finish(first, buf)
             return
         self.activity(names, None, "MEMCPY_OUT_FUSION_BUFFER")
-        outputs = [_flat(entry.buffer) for entry in entries]
-        torch._foreach_copy_(outputs, list(buf.split([out.numel() for out in outputs])))
+        torch._foreach_copy_([entry.buffer for entry in entries], views)
         self.activity(names, "MEMCPY_OUT_FUSION_BUFFER", None)
         self.finish_all(entries)
 

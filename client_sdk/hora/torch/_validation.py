@@ -25,6 +25,8 @@ from ..world import ProcessSet, size
 _REDUCIBLE = frozenset({
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
     torch.bfloat16, torch.float32, torch.float64, torch.bool})
+_BOOL = torch.bool
+_ADASUM = ReduceOp.ADASUM
 _SCATTER_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
 
@@ -46,13 +48,19 @@ def _tensors(tensors: Any, call: str) -> list[torch.Tensor]:
 
 
 # Device types a backend was found for: a backend, once there, stays (the
-# check costs more than the rest of a small allreduce's submission).
+# check costs more than the rest of a small allreduce's submission). The
+# devices themselves too: looking one up is cheaper than asking its type.
 _SERVED_DEVICES: set[str] = set()
+_SERVED: set[torch.device] = set()
 
 
 def _device_problem(tensor: torch.Tensor) -> str | None:
-    device = tensor.device.type
+    found = tensor.device
+    if found in _SERVED:
+        return None
+    device = found.type
     if device in _SERVED_DEVICES:
+        _SERVED.add(found)
         return None
     try:
         backend_for_device(device)
@@ -85,13 +93,14 @@ def _reduction_problem(tensor: torch.Tensor, op: ReduceOp, pre: float, post: flo
     problem = _device_problem(tensor)
     if problem is not None:
         return problem
-    if tensor.dtype not in _REDUCIBLE:
-        return f"{call} cannot reduce {tensor.dtype}"
-    if tensor.dtype == torch.bool and (op in (ReduceOp.AVERAGE, ReduceOp.ADASUM)
-                                       or pre != 1.0 or post != 1.0):
+    dtype = tensor.dtype
+    if dtype not in _REDUCIBLE:
+        return f"{call} cannot reduce {dtype}"
+    if dtype is _BOOL and (op in (ReduceOp.AVERAGE, ReduceOp.ADASUM)
+                           or pre != 1.0 or post != 1.0):
         return (f"{call} of a bool tensor takes op Sum (or), Min, Max or Product, without "
                 f"scale factors; got op {op.name} with factors {pre} and {post}")
-    if op == ReduceOp.ADASUM and not tensor.is_floating_point():
+    if op is _ADASUM and not tensor.is_floating_point():
         return f"op=hvd.Adasum needs a floating point tensor, got {tensor.dtype}"
     return None
 

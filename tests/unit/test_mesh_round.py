@@ -1,0 +1,160 @@
+"""The mesh's payload round: layout, pack, exchange and the carried reduction.
+
+Ranks are threads of this process over real loopback sockets (and real
+segments in /dev/shm), as in :mod:`test_control_mesh`. Each round packs
+tensors of several shapes and dtypes, exchanges them and reduces every
+fused batch from the payloads; the result must be the rank-order reduction,
+bit for bit, round after round (the payload alternates between two halves
+of the segment, and the views of both are kept).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_control_mesh import TOKEN, run_all
+
+from hora_native import PlacedViews, ReduceKind
+from hora_native.mesh import KEPT_LAYOUTS, MeshBackend
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+
+class _Spec:
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.dtype = str(tensor.dtype).removeprefix("torch.")
+        self.device = tensor.device.type
+        self.nbytes = tensor.nbytes
+
+
+def _build(size: int, shared: bool) -> list[MeshBackend]:
+    store = dist.HashStore()
+    prefix = os.path.join(tempfile.mkdtemp(prefix="hora-mesh-round-", dir="/dev/shm"), "seg")
+    meshes: list[MeshBackend | None] = [None] * size
+
+    def make(rank: int) -> None:
+        meshes[rank] = MeshBackend(store, rank, size, timedelta(seconds=20), "127.0.0.1",
+                                   shared_memory=shared, shm_prefix=prefix, shm_bytes=1 << 22,
+                                   socket_bytes=1 << 22, token=TOKEN, context="job/gen-1/")
+
+    _, errors = run_all([lambda r=r: make(r) for r in range(size)])
+    assert errors == [None] * size, errors
+    return meshes  # type: ignore[return-value]
+
+
+def _tensors(rank: int, round_: int, shapes: list[tuple[tuple[int, ...], torch.dtype]]
+             ) -> list[torch.Tensor]:
+    out = []
+    for i, (shape, dtype) in enumerate(shapes):
+        base = torch.arange(torch.Size(shape).numel(), dtype=torch.float64).reshape(shape)
+        value = (base * (rank + 1) + 7 * i + 3 * round_) % 97 - 40
+        out.append(value.to(dtype))
+    return out
+
+
+def _round(mesh: MeshBackend, tensors: list[torch.Tensor], prescale: list[float],
+           op: ReduceKind) -> list[torch.Tensor]:
+    """One round on one rank: every tensor ready, each reduced alone from the payloads."""
+    slots = list(range(len(tensors)))
+    specs = [_Spec(t) for t in tensors]
+    layout = mesh.layout(slots, specs.__getitem__, mesh.budget, version=1)
+    payload = mesh.pack([(s, t, p) for s, t, p in zip(slots, tensors, prescale, strict=True)],
+                        layout)
+    messages = mesh.exchange([len(slots)], payload)
+    carried = mesh.round(messages, [layout[0]] * mesh.size)
+    out = []
+    for slot, tensor in enumerate(tensors):
+        result = torch.empty_like(tensor)
+        carried.batch([(slot, tensor.nbytes)]).allreduce(result, op)
+        out.append(result)
+    return out
+
+
+SHAPES_2D = [((64, 64), torch.float32), ((64,), torch.float32), ((3, 5, 2), torch.float64),
+             ((7,), torch.int32), ((2, 3), torch.int64), ((5, 4), torch.float32)]
+SHAPES_1D = [((256,), torch.float32)] * 5
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["sockets", "shared-memory"])
+@pytest.mark.parametrize("shapes", [SHAPES_2D, SHAPES_1D], ids=["mixed", "flat"])
+@pytest.mark.parametrize("op", [ReduceKind.SUM, ReduceKind.MIN, ReduceKind.MAX,
+                                ReduceKind.PRODUCT])
+@pytest.mark.parametrize("size", [2, 3])
+def test_carried_rounds_reduce_in_rank_order_round_after_round(shared, shapes, op, size):
+    meshes = _build(size, shared)
+    try:
+        for round_ in range(4):  # both halves of the segment, twice
+            prescale = [1.0] * len(shapes) if round_ % 2 == 0 else \
+                [0.5 if i % 2 == 0 else 1.0 for i in range(len(shapes))]
+            inputs = [_tensors(r, round_, shapes) for r in range(size)]
+            originals = [[t.clone() for t in ts] for ts in inputs]
+            results, errors = run_all([
+                lambda r=r, p=prescale, i=inputs: _round(meshes[r], i[r], p, op)
+                for r in range(size)])
+            assert errors == [None] * size, errors
+            for i, (_shape, dtype) in enumerate(shapes):
+                expected = None
+                for r in range(size):
+                    theirs = originals[r][i].clone()
+                    if prescale[i] != 1.0:
+                        theirs = theirs.mul_(prescale[i]) if theirs.is_floating_point() else \
+                            theirs.to(torch.float64).mul_(prescale[i]).trunc_().to(dtype)
+                    if expected is None:
+                        expected = theirs
+                    elif op is ReduceKind.SUM:
+                        expected = expected + theirs
+                    elif op is ReduceKind.MIN:
+                        expected = torch.minimum(expected, theirs)
+                    elif op is ReduceKind.MAX:
+                        expected = torch.maximum(expected, theirs)
+                    else:
+                        expected = expected * theirs
+                for r in range(size):
+                    got = results[r][i]
+                    assert got.dtype == dtype and got.shape == originals[r][i].shape
+                    assert torch.equal(got, expected), (round_, i, r)
+                    # Packing never writes the caller's tensor.
+                    assert torch.equal(inputs[r][i], originals[r][i])
+    finally:
+        for mesh in meshes:
+            mesh.close()
+
+
+def test_a_mesh_keeps_a_bounded_number_of_layouts():
+    meshes = _build(2, shared=False)
+    try:
+        spec = _Spec(torch.zeros(4))
+        mesh = meshes[0]
+        first = mesh.layout([0, 1], lambda _slot: spec, 1 << 20, version=1)
+        for n in range(3 * KEPT_LAYOUTS):  # a different set of ready slots each round
+            mesh.layout(list(range(n % 7, n % 7 + 2 + n)), lambda _slot: spec, 1 << 20,
+                        version=1)
+        assert len(mesh._layouts) <= KEPT_LAYOUTS
+        again = mesh.layout([0, 1], lambda _slot: spec, 1 << 20, version=1)
+        assert again == first
+    finally:
+        for mesh in meshes:
+            mesh.close()
+
+
+def test_placed_views_are_kept_per_layout_and_the_oldest_goes_first():
+    buf = torch.zeros(64, dtype=torch.uint8)
+    placed = PlacedViews(keep=2)
+    layout = [(0, torch.float32, torch.Size([2, 2])), (16, torch.int64, torch.Size([3]))]
+    views = placed.get(buf, layout)
+    assert [v.shape for v in views] == [torch.Size([2, 2]), torch.Size([3])]
+    views[0].fill_(1.5)
+    views[1].copy_(torch.tensor([1, -2, 3]))
+    assert torch.equal(buf[:16].view(torch.float32), torch.full((4,), 1.5))
+    assert torch.equal(buf[16:40].view(torch.int64), torch.tensor([1, -2, 3]))
+    assert placed.get(buf, list(layout)) is views  # the same layout: the same views
+    placed.get(buf, layout[:1])
+    placed.get(buf, layout[1:])  # a third layout: the first goes
+    assert placed.get(buf, layout) is not views
+    placed.clear()
+    assert placed.get(buf[8:], layout) is not views  # another address, other views
