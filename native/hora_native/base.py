@@ -120,20 +120,41 @@ class PlacedViews:
         self._keep = keep
         self._views: dict[tuple[object, ...], list[torch.Tensor]] = {}
 
-    def get(self, buffer: torch.Tensor, placed: Sequence[tuple[int, torch.dtype, torch.Size]]
-            ) -> list[torch.Tensor]:
+    def get(self, buffer: torch.Tensor, placed: Sequence[tuple[int, torch.dtype, torch.Size]],
+            like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Views of ``buffer`` (uint8 or of any dtype, contiguous): one per
-        (byte offset, dtype, shape) of ``placed``."""
+        (byte offset, dtype, shape) of ``placed``; ``like[i]`` is a tensor of
+        ``placed[i]``'s dtype and shape."""
         key = (buffer.data_ptr(), buffer.dtype, tuple(placed))
         views = self._views.get(key)
         if views is None:
             if len(self._views) >= self._keep:
                 del self._views[next(iter(self._views))]
-            raw = buffer.view(torch.uint8) if buffer.dtype != torch.uint8 else buffer
-            views = self._views[key] = [
-                raw[offset:offset + shape.numel() * dtype.itemsize].view(dtype).view(shape)
-                for offset, dtype, shape in placed]
+            views = self._views[key] = _views_of(buffer, placed, like)
         return views
 
     def clear(self) -> None:
         self._views.clear()
+
+
+def _views_of(buffer: torch.Tensor, placed: Sequence[tuple[int, torch.dtype, torch.Size]],
+              like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """:meth:`PlacedViews.get` without the keeping: each run of tensors of one
+    dtype that lie back to back is viewed by one torch call."""
+    raw = buffer.view(torch.uint8) if buffer.dtype != torch.uint8 else buffer
+    views: list[torch.Tensor] = []
+    i, n = 0, len(placed)
+    while i < n:
+        start, dtype, _shape = placed[i]
+        itemsize = dtype.itemsize
+        end, j = start, i
+        while j < n and placed[j][1] == dtype and placed[j][0] == end:
+            end += placed[j][2].numel() * itemsize
+            j += 1
+        run = raw[start:end].view(dtype)
+        made = torch._C._nn.unflatten_dense_tensors(run, like[i:j])
+        # An empty tensor comes back 1-D and apart from the buffer: shape it.
+        views.extend(view if view.numel() else run[:0].view(shape)
+                     for view, (_start, _dtype, shape) in zip(made, placed[i:j], strict=True))
+        i = j
+    return views

@@ -189,24 +189,24 @@ class MeshBackend:
             torch.cat(sources, out=send[placed[0][0]:end].view(placed[0][1]))
             if all(prescale == 1.0 for prescale in scales):
                 return send
-            views = self._views(send, placed)
+            views = self._views(send, placed, sources)
         else:
             # One copy call for every tensor, into views kept across rounds.
-            views = self._views(send, placed)
+            views = self._views(send, placed, sources)
             torch._foreach_copy_(views, sources)
         for view, prescale in zip(views, scales, strict=True):
             scale_(view, prescale)
         return send
 
-    def _views(self, send: torch.Tensor, placed: list[tuple[int, torch.dtype, torch.Size]]
-               ) -> list[torch.Tensor]:
+    def _views(self, send: torch.Tensor, placed: list[tuple[int, torch.dtype, torch.Size]],
+               like: list[torch.Tensor]) -> list[torch.Tensor]:
         """Views of the payload buffer ``send`` as each placed tensor; dropped when
         the segment grows (they would keep the old one mapped)."""
         storage = send.untyped_storage().data_ptr()
         if storage != self._placed_storage:
             self._placed.clear()
             self._placed_storage = storage
-        return self._placed.get(send, placed)
+        return self._placed.get(send, placed, like)
 
     def exchange(self, values: Sequence[int], payload: torch.Tensor | None) -> list[Message]:
         """Every rank's vector and payload, by rank (see :meth:`MeshTransport.exchange`)."""

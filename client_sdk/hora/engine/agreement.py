@@ -52,8 +52,12 @@ log = logging.getLogger("hora")
 # The background thread lets a burst of submissions end (none for QUIET_S,
 # or BURST_S after its first) before it starts a round; a waiting caller runs
 # one at once. Rounds per few tensors held the GIL the submitting thread
-# needed (bench/README.md, "The per-tensor path").
-QUIET_S = 0.001
+# needed (bench/README.md, "The per-tensor path"). A backward pass pauses
+# for a millisecond now and then (a larger layer, the scheduler, the garbage
+# collector): with a 1 ms window, rounds of a few of its gradients ran
+# beside it, and a step of 400 small gradients took 11 % longer than with 5 ms
+# (bench/README.md, "Third pass").
+QUIET_S = 0.005
 BURST_S = 0.05
 
 

@@ -234,7 +234,7 @@ class Executor:
             placed.append((offset, dtype, shape))
             offset += shape.numel() * itemsize
         buf = self.fusion_buffer(dtype, first.device, offset // itemsize)
-        return buf, self._placed.get(buf, placed)
+        return buf, self._placed.get(buf, placed, buffers)
 
     def allreduce(self, backend: Reducer, entries: list[Entry], set_size: int) -> None:
         """Allreduces ``entries`` (one fusion batch) on ``backend`` and completes them."""
