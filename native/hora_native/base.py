@@ -11,7 +11,7 @@ died, the timeout passed).
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -108,33 +108,43 @@ class PlacedViews:
     round after round in training; this keeps the last few layouts' views,
     so that a whole batch moves with one ``torch._foreach_copy_``.
 
-    A layout is keyed by the buffer's address and the tensors' dtypes,
-    shapes and offsets. The views hold the buffer's storage, so that address
-    cannot be handed to another buffer while they are kept.
+    A layout is keyed by the buffer's address and dtype and a key the caller
+    chooses, with which equal keys mean equal layouts (the placements
+    themselves, or an object that stands for them: ``anchor``, kept alive
+    with the views so that its ``id`` stays its own). The views hold the
+    buffer's storage, so that address cannot be handed to another buffer
+    while they are kept.
 
     Args:
         keep: how many layouts to keep (the oldest goes first).
     """
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int = 8) -> None:
         self._keep = keep
-        self._views: dict[tuple[object, ...], list[torch.Tensor]] = {}
+        self._views: dict[tuple[object, ...], tuple[list[torch.Tensor], object]] = {}
 
-    def get(self, buffer: torch.Tensor, placed: Sequence[tuple[int, torch.dtype, torch.Size]],
-            like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Views of ``buffer`` (uint8 or of any dtype, contiguous): one per
-        (byte offset, dtype, shape) of ``placed``; ``like[i]`` is a tensor of
-        ``placed[i]``'s dtype and shape."""
-        key = (buffer.data_ptr(), buffer.dtype, tuple(placed))
-        views = self._views.get(key)
-        if views is None:
+    def get(self, buffer: torch.Tensor, key: object, place: Callable[[], Placement],
+            anchor: object = None) -> list[torch.Tensor]:
+        """Views of ``buffer`` (uint8 or of any dtype, contiguous), one per tensor
+        of the layout ``key`` stands for. On a miss ``place()`` gives the
+        layout: each tensor's (byte offset, dtype, shape), and tensors of those
+        dtypes and shapes."""
+        full = (buffer.data_ptr(), buffer.dtype, key)
+        found = self._views.get(full)
+        if found is None:
             if len(self._views) >= self._keep:
                 del self._views[next(iter(self._views))]
-            views = self._views[key] = _views_of(buffer, placed, like)
-        return views
+            placed, like = place()
+            found = self._views[full] = (_views_of(buffer, placed, like), anchor)
+        return found[0]
 
     def clear(self) -> None:
         self._views.clear()
+
+
+#: A layout of tensors in a flat buffer: each one's (byte offset, dtype, shape),
+#: and tensors of those dtypes and shapes.
+Placement = tuple[Sequence[tuple[int, torch.dtype, torch.Size]], Sequence[torch.Tensor]]
 
 
 def _views_of(buffer: torch.Tensor, placed: Sequence[tuple[int, torch.dtype, torch.Size]],
@@ -152,7 +162,7 @@ def _views_of(buffer: torch.Tensor, placed: Sequence[tuple[int, torch.dtype, tor
             end += placed[j][2].numel() * itemsize
             j += 1
         run = raw[start:end].view(dtype)
-        made = torch._C._nn.unflatten_dense_tensors(run, like[i:j])
+        made = torch._C._nn.unflatten_dense_tensors(run, list(like[i:j]))
         # An empty tensor comes back 1-D and apart from the buffer: shape it.
         views.extend(view if view.numel() else run[:0].view(shape)
                      for view, (_start, _dtype, shape) in zip(made, placed[i:j], strict=True))

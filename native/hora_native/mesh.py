@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from .base import BackendError, PlacedViews, ReduceKind, scale_
+from .base import BackendError, PlacedViews, Placement, ReduceKind, scale_
 from .mesh_transport import MAX_MESH_SIZE, MeshTransport
 
 __all__ = ["KEPT_LAYOUTS", "MAX_MESH_SIZE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "MeshBackend", "MeshRound",
@@ -123,6 +123,9 @@ class MeshBackend:
         # segment), for the storage they were made of.
         self._placed = PlacedViews()
         self._placed_storage = 0
+        # Per layout (by identity): its one back-to-back run of 1-D tensors of
+        # one dtype, (start, end, dtype), or None.
+        self._runs: dict[int, tuple[dict[int, int], tuple[int, int, torch.dtype] | None]] = {}
 
     @property
     def waiting_for(self) -> tuple[int, ...]:
@@ -167,46 +170,50 @@ class MeshBackend:
         if not offsets:
             return None
         send = self.transport.payload_buffer(total)
-        placed: list[tuple[int, torch.dtype, torch.Size]] = []
         sources: list[torch.Tensor] = []
         scales: list[float] = []
-        flat = True  # every tensor 1-D, of one dtype, back to back from the first
-        end = -1
         for slot, tensor, prescale in tensors:
-            offset = offsets.get(slot)
-            if offset is None:
-                continue
-            dtype = tensor.dtype
-            if flat and (tensor.dim() != 1 or (end >= 0 and (offset != end
-                                                             or dtype != placed[0][1]))):
-                flat = False
-            end = offset + tensor.nbytes
-            placed.append((offset, dtype, tensor.shape))
-            sources.append(tensor)
-            scales.append(prescale)
-        if flat:
+            if slot in offsets:
+                sources.append(tensor)
+                scales.append(prescale)
+        # The tensors of a slot have its signature's dtype and shape, so the
+        # layout (one object per set of ready slots) stands for the placements.
+        run = self._runs.get(id(offsets))
+        if run is None or run[0] is not offsets:
+            if len(self._runs) >= KEPT_LAYOUTS:
+                del self._runs[next(iter(self._runs))]
+            run = self._runs[id(offsets)] = (offsets, _flat_run(offsets, sources))
+        flat = run[1]
+        if flat is not None:
             # One kernel for the whole run (the cheapest copy of 1-D tensors).
-            torch.cat(sources, out=send[placed[0][0]:end].view(placed[0][1]))
+            start, end, dtype = flat
+            torch.cat(sources, out=send[start:end].view(dtype))
             if all(prescale == 1.0 for prescale in scales):
                 return send
-            views = self._views(send, placed, sources)
+            views = self._views(send, offsets, sources)
         else:
             # One copy call for every tensor, into views kept across rounds.
-            views = self._views(send, placed, sources)
+            views = self._views(send, offsets, sources)
             torch._foreach_copy_(views, sources)
         for view, prescale in zip(views, scales, strict=True):
             scale_(view, prescale)
         return send
 
-    def _views(self, send: torch.Tensor, placed: list[tuple[int, torch.dtype, torch.Size]],
-               like: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Views of the payload buffer ``send`` as each placed tensor; dropped when
-        the segment grows (they would keep the old one mapped)."""
+    def _views(self, send: torch.Tensor, offsets: dict[int, int], sources: list[torch.Tensor]
+               ) -> list[torch.Tensor]:
+        """Views of the payload buffer ``send`` as each of ``sources`` placed by
+        ``offsets``; dropped when the segment grows (they would keep the old
+        one mapped)."""
         storage = send.untyped_storage().data_ptr()
         if storage != self._placed_storage:
             self._placed.clear()
             self._placed_storage = storage
-        return self._placed.get(send, placed, like)
+
+        def place() -> Placement:
+            return [(offset, t.dtype, t.shape) for offset, t in
+                    zip(offsets.values(), sources, strict=True)], sources
+
+        return self._placed.get(send, id(offsets), place, anchor=offsets)
 
     def exchange(self, values: Sequence[int], payload: torch.Tensor | None) -> list[Message]:
         """Every rank's vector and payload, by rank (see :meth:`MeshTransport.exchange`)."""
@@ -222,6 +229,19 @@ class MeshBackend:
 
     def close(self) -> None:
         self.transport.close()
+
+
+def _flat_run(offsets: dict[int, int], sources: list[torch.Tensor]
+              ) -> tuple[int, int, torch.dtype] | None:
+    """Where ``sources`` lie when they are 1-D tensors of one dtype, back to back
+    at ``offsets`` (slot order); None otherwise."""
+    dtype = sources[0].dtype
+    end = -1
+    for offset, tensor in zip(offsets.values(), sources, strict=True):
+        if tensor.dim() != 1 or tensor.dtype != dtype or (end >= 0 and offset != end):
+            return None
+        end = offset + tensor.nbytes
+    return next(iter(offsets.values())), end, dtype
 
 
 def _compute_layout(slots: tuple[int, ...], spec: Callable[[int], TensorSpec], budget: int
@@ -245,10 +265,14 @@ class MeshRound:
     def __init__(self, messages: list[Message], layouts: list[dict[int, int]]) -> None:
         self._payloads = [payload for _values, payload in messages]
         self._layouts = layouts
+        # In training every rank sent one layout (the same object): its slots.
+        first = layouts[0]
+        self._carried = first.keys() if all(layout is first for layout in layouts) else \
+            set(first).intersection(*layouts[1:])
 
     def carries(self, slot: int) -> bool:
         """Whether every rank sent ``slot``'s bytes."""
-        return all(slot in layout for layout in self._layouts)
+        return slot in self._carried
 
     def batch(self, slots: Sequence[tuple[int, int]]) -> CarriedBatch:
         """A backend for one fused batch: ``slots`` are (slot, nbytes) in buffer order."""

@@ -147,18 +147,20 @@ def test_placed_views_are_kept_per_layout_and_the_oldest_goes_first():
     placed = PlacedViews(keep=2)
     layout = [(0, torch.float32, torch.Size([2, 2])), (16, torch.int64, torch.Size([3]))]
     like = [torch.ones(2, 2), torch.ones(3, dtype=torch.int64)]
-    views = placed.get(buf, layout, like)
+    views = placed.get(buf, tuple(layout), lambda: (layout, like))
     assert [v.shape for v in views] == [torch.Size([2, 2]), torch.Size([3])]
     views[0].fill_(1.5)
     views[1].copy_(torch.tensor([1, -2, 3]))
     assert torch.equal(buf[:16].view(torch.float32), torch.full((4,), 1.5))
     assert torch.equal(buf[16:40].view(torch.int64), torch.tensor([1, -2, 3]))
-    assert placed.get(buf, list(layout), like) is views  # the same layout: the same views
-    placed.get(buf, layout[:1], like[:1])
-    placed.get(buf, layout[1:], like[1:])  # a third layout: the first goes
-    assert placed.get(buf, layout, like) is not views
+    assert placed.get(buf, tuple(layout), lambda: pytest.fail("made again")) is views  # the same layout: the same views
+    placed.get(buf, "a", lambda: (layout[:1], like[:1]))
+    placed.get(buf, "b", lambda: (layout[1:], like[1:]))  # a third layout: the first goes
+    assert placed.get(buf, tuple(layout), lambda: (layout, like)) is not views
+    again = placed.get(buf, tuple(layout), lambda: (layout, like))
     placed.clear()
-    assert placed.get(buf[8:], layout, like) is not views  # another address, other views
+    assert placed.get(buf, tuple(layout), lambda: (layout, like)) is not again
+    assert placed.get(buf[8:], tuple(layout), lambda: (layout, like)) is not again
 
 
 def test_placed_views_of_runs_with_empty_tensors_and_a_dtype_change():
@@ -166,7 +168,7 @@ def test_placed_views_of_runs_with_empty_tensors_and_a_dtype_change():
     like = [torch.ones(2, 3), torch.ones(0, 4), torch.ones(2), torch.ones(3, dtype=torch.int64)]
     layout = [(0, torch.float32, like[0].shape), (24, torch.float32, like[1].shape),
               (24, torch.float32, like[2].shape), (40, torch.int64, like[3].shape)]
-    views = PlacedViews().get(buf, layout, like)
+    views = PlacedViews().get(buf, 0, lambda: (layout, like))
     assert [v.shape for v in views] == [t.shape for t in like]
     torch._foreach_copy_(views, [torch.full((2, 3), 2.0), torch.ones(0, 4),
                                  torch.tensor([3.0, 4.0]), torch.tensor([5, 6, 7])])

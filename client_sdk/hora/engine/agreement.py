@@ -383,7 +383,10 @@ class Agreement:
                 self.mesh_batches += 1
             else:
                 backend = selector.reducer(batch.path, items[0][1].device)
-            self._executor.allreduce(backend, entries, self.size)
+            # A cached slot's tensors keep its signature while the cache's
+            # version stays: the slots stand for the batch's shapes.
+            layout = (self.cache.version, tuple(slot for slot, _sig, _entry in items))
+            self._executor.allreduce(backend, entries, self.size, layout)
             self.tuning.count(sum(entry.buffer.nbytes for entry in entries))
         # 3. A rank has joined: stop using the cache until the join completes.
         if plan.cache_off:

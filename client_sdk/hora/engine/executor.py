@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hora_native import Backend, BackendError, PlacedViews, ReduceKind, Reducer, scale_
+from hora_native.base import Placement
 from hora_proto.v1 import negotiation_pb2
 
 from .._ops import OpType, ReduceOp, split_rows
@@ -223,21 +224,34 @@ class Executor:
             self._placed.clear()  # they would keep the old buffer alive
         return buf[:numel]
 
-    def _fused(self, buffers: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _fused(self, buffers: list[torch.Tensor], layout: object
+               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The fusion buffer for ``buffers`` (one dtype and device, contiguous),
-        and a view of it shaped as each, back to back."""
+        and a view of it shaped as each, back to back. ``layout``, when not
+        None, stands for the buffers' shapes (equal layouts, equal shapes)."""
         first = buffers[0]
         dtype, itemsize = first.dtype, first.element_size()
-        placed, offset = [], 0
-        for b in buffers:
-            shape = b.shape
-            placed.append((offset, dtype, shape))
-            offset += shape.numel() * itemsize
-        buf = self.fusion_buffer(dtype, first.device, offset // itemsize)
-        return buf, self._placed.get(buf, placed, buffers)
 
-    def allreduce(self, backend: Reducer, entries: list[Entry], set_size: int) -> None:
-        """Allreduces ``entries`` (one fusion batch) on ``backend`` and completes them."""
+        def place() -> Placement:
+            placed, offset = [], 0
+            for b in buffers:
+                shape = b.shape
+                placed.append((offset, dtype, shape))
+                offset += shape.numel() * itemsize
+            return placed, buffers
+
+        if layout is None:
+            layout = tuple(place()[0])
+        buf = self.fusion_buffer(dtype, first.device, sum(b.numel() for b in buffers))
+        return buf, self._placed.get(buf, layout, place)
+
+    def allreduce(self, backend: Reducer, entries: list[Entry], set_size: int,
+                  layout: object = None) -> None:
+        """Allreduces ``entries`` (one fusion batch) on ``backend`` and completes them.
+
+        ``layout``, when not None, stands for the entries' shapes: batches with
+        equal layouts have tensors of equal shapes, in the same order.
+        """
         first = entries[0]
         names = [e.name for e in entries]
         self.activity(names, "QUEUE", None)
@@ -247,7 +261,7 @@ class Executor:
             buf = first.buffer
         else:
             buffers = [e.buffer for e in entries]
-            buf, views = self._fused(buffers)
+            buf, views = self._fused(buffers, layout)
             if reads_input:
                 self.activity(names, None, "MEMCPY_IN_FUSION_BUFFER")
                 if all(b.dim() == 1 for b in buffers):

@@ -301,23 +301,24 @@ class Pending:
 
 
 class HandleMap:
-    """The integer handles of Horovod's API (``hvd.allreduce_async`` returns one)."""
+    """The integer handles of Horovod's API (``hvd.allreduce_async`` returns one).
+
+    Every operation is one step of a built-in (``next`` on a counter, a dict
+    store, get or pop), each atomic in CPython, so threads may share the map
+    without a lock: every small allreduce passes here twice.
+    """
 
     def __init__(self) -> None:
         self._handles: dict[int, Handle] = {}
-        self._lock = threading.Lock()
         self._ids = itertools.count(1)
 
     def register(self, handle: Handle) -> int:
-        with self._lock:
-            handle_id = next(self._ids)
-            self._handles[handle_id] = handle
+        handle_id = next(self._ids)
+        self._handles[handle_id] = handle
         return handle_id
 
     def get(self, handle_id: int) -> Handle | None:
-        with self._lock:
-            return self._handles.get(handle_id)
+        return self._handles.get(handle_id)
 
     def release(self, handle_id: int) -> None:
-        with self._lock:
-            self._handles.pop(handle_id, None)
+        self._handles.pop(handle_id, None)
