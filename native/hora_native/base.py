@@ -11,6 +11,7 @@ died, the timeout passed).
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -121,6 +122,7 @@ class PlacedViews:
 
     def __init__(self, keep: int = 8) -> None:
         self._keep = keep
+        self._lock = threading.Lock()
         self._views: dict[tuple[object, ...], tuple[list[torch.Tensor], object]] = {}
 
     def get(self, buffer: torch.Tensor, key: object, place: Callable[[], Placement],
@@ -132,14 +134,17 @@ class PlacedViews:
         full = (buffer.data_ptr(), buffer.dtype, key)
         found = self._views.get(full)
         if found is None:
-            if len(self._views) >= self._keep:
-                del self._views[next(iter(self._views))]
             placed, like = place()
-            found = self._views[full] = (_views_of(buffer, placed, like), anchor)
+            found = (_views_of(buffer, placed, like), anchor)
+            with self._lock:  # several threads may share one (a set's, the rounds')
+                while len(self._views) >= self._keep:
+                    del self._views[next(iter(self._views))]
+                self._views[full] = found
         return found[0]
 
     def clear(self) -> None:
-        self._views.clear()
+        with self._lock:
+            self._views.clear()
 
 
 #: A layout of tensors in a flat buffer: each one's (byte offset, dtype, shape),

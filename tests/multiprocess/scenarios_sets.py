@@ -138,3 +138,43 @@ def uneven_training_then_join():
     last = hvd.join()
     hvd.broadcast_parameters(model.state_dict(), root_rank=last)
     return last, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def set_and_global_fusion_side_by_side(rounds: int):
+    """At 3 ranks: the set {0, 1} runs fused allreduces (on its own thread in the
+    engine) while the global set's run; every result must be exact."""
+    import threading
+
+    rank = hvd.rank()
+    pset = hvd.add_process_set([0, 1])
+    wrong: list[str] = []
+
+    def inputs(i: int, scale: float) -> list[torch.Tensor]:
+        return [torch.full((256 + 64 * j,), scale * (rank + 1) * (i + 1) + j) for j in range(4)]
+
+    def check(what: str, got: list[torch.Tensor], i: int, scale: float, ranks: list[int]
+              ) -> None:
+        total = sum(r + 1 for r in ranks)
+        for j, tensor in enumerate(got):
+            expected = torch.full((256 + 64 * j,), scale * total * (i + 1) + len(ranks) * j)
+            if not torch.equal(tensor, expected):
+                wrong.append(f"{what} round {i} tensor {j}: {tensor[:3].tolist()}, "
+                             f"expected {expected[0].item()}")
+
+    def in_set() -> None:
+        for i in range(rounds):
+            got = hvd.grouped_allreduce(inputs(i, 1.0), op=hvd.Sum, name=f"s.{i % 3}",
+                                        process_set=pset)
+            check("set", got, i, 1.0, [0, 1])
+
+    thread = threading.Thread(target=in_set)
+    if pset.included():
+        thread.start()
+    for i in range(rounds):
+        got = hvd.grouped_allreduce(inputs(i, 1000.0), op=hvd.Sum, name=f"g.{i % 3}")
+        check("global", got, i, 1000.0, [0, 1, 2])
+    if pset.included():
+        thread.join(120)
+    alive = thread.is_alive()
+    hvd.remove_process_set(pset)
+    return {"alive": alive, "wrong": wrong[:5], "count": len(wrong)}

@@ -110,3 +110,14 @@ def test_a_process_set_must_be_added_again_after_shutdown_and_init(shared_coordi
         else:
             assert before is None and after is None  # not a member
         assert removed is True
+
+
+def test_a_sets_fused_allreduces_beside_the_global_sets_stay_exact(shared_coordinator):
+    """Each set's responses run on the set's own engine thread, at the same time as
+    the global set's rounds: their fusion buffers must not be shared."""
+    results = [r.value for r in run_workers(shared_coordinator, 3, SCENARIOS,
+                                            "set_and_global_fusion_side_by_side", (150,),
+                                            timeout=140)]
+    for rank, out in enumerate(results):
+        assert not out["alive"], f"rank {rank}: the set's thread did not finish"
+        assert out["count"] == 0, (rank, out["wrong"])

@@ -103,7 +103,7 @@ class Executor:
         self.sets = sets
         self._selector = selector
         self._timeline = timeline
-        self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self._fusion_buffers: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
         # Each batch's views of its fusion buffer (:meth:`_fused`).
         self._placed = PlacedViews()
 
@@ -212,9 +212,14 @@ class Executor:
 
     # -- collectives ------------------------------------------------------------
 
-    def fusion_buffer(self, dtype: torch.dtype, device: torch.device, numel: int
-                      ) -> torch.Tensor:
-        key = (dtype, device)
+    def fusion_buffer(self, dtype: torch.dtype, device: torch.device, numel: int,
+                      process_set_id: int = 0) -> torch.Tensor:
+        """A buffer of ``numel`` elements for one fused batch of ``process_set_id``.
+
+        Each set has its own: a set's responses run on the set's thread
+        (:class:`.process_sets.ProcessSets`) while the global set's rounds run.
+        """
+        key = (dtype, device, process_set_id)
         buf = self._fusion_buffers.get(key)
         if buf is None or buf.numel() < numel:
             # Grow geometrically so a slowly growing model does not reallocate every step.
@@ -224,7 +229,7 @@ class Executor:
             self._placed.clear()  # they would keep the old buffer alive
         return buf[:numel]
 
-    def _fused(self, buffers: list[torch.Tensor], layout: object
+    def _fused(self, buffers: list[torch.Tensor], layout: object, process_set_id: int
                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The fusion buffer for ``buffers`` (one dtype and device, contiguous),
         and a view of it shaped as each, back to back. ``layout``, when not
@@ -242,7 +247,8 @@ class Executor:
 
         if layout is None:
             layout = tuple(place()[0])
-        buf = self.fusion_buffer(dtype, first.device, sum(b.numel() for b in buffers))
+        buf = self.fusion_buffer(dtype, first.device, sum(b.numel() for b in buffers),
+                                 process_set_id)
         return buf, self._placed.get(buf, layout, place)
 
     def allreduce(self, backend: Reducer, entries: list[Entry], set_size: int,
@@ -261,7 +267,7 @@ class Executor:
             buf = first.buffer
         else:
             buffers = [e.buffer for e in entries]
-            buf, views = self._fused(buffers, layout)
+            buf, views = self._fused(buffers, layout, first.process_set_id)
             if reads_input:
                 self.activity(names, None, "MEMCPY_IN_FUSION_BUFFER")
                 if all(b.dim() == 1 for b in buffers):
