@@ -18,10 +18,10 @@ def die_in_the_data_plane(name: str, delay: float) -> None:
 
     allreduce = executor.Executor.allreduce
 
-    def dying(self, backend, entries, set_size):  # type: ignore[no-untyped-def]
+    def dying(self, backend, entries, *args, **kwargs):  # type: ignore[no-untyped-def]
         if any(entry.name == name for entry in entries):
             time.sleep(delay)
             os.kill(os.getpid(), signal.SIGKILL)
-        return allreduce(self, backend, entries, set_size)
+        return allreduce(self, backend, entries, *args, **kwargs)
 
     executor.Executor.allreduce = dying  # type: ignore[method-assign]
