@@ -83,7 +83,9 @@ def main() -> None:
     rounds = agreement.rounds - rounds
     agreement._run_round = run_round  # type: ignore[method-assign]
     stats = pstats.Stats(caller)
-    stats.add(in_background)
+    in_background.create_stats()
+    if in_background.stats:  # type: ignore[attr-defined]
+        stats.add(in_background)  # empty when the background thread ran no round
     if hvd.rank() == 0:
         report(stats, elapsed, rounds)
     hvd.shutdown()
