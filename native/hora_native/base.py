@@ -110,11 +110,10 @@ class PlacedViews:
     so that a whole batch moves with one ``torch._foreach_copy_``.
 
     A layout is keyed by the buffer's address and dtype and a key the caller
-    chooses, with which equal keys mean equal layouts (the placements
-    themselves, or an object that stands for them: ``anchor``, kept alive
-    with the views so that its ``id`` stays its own). The views hold the
-    buffer's storage, so that address cannot be handed to another buffer
-    while they are kept.
+    chooses, with which equal keys mean equal layouts: the placements
+    themselves, or an object that stands for them (kept here, so that it
+    stays alive while it is a key). The views hold the buffer's storage, so
+    that address cannot be handed to another buffer while they are kept.
 
     Args:
         keep: how many layouts to keep (the oldest goes first).
@@ -123,24 +122,24 @@ class PlacedViews:
     def __init__(self, keep: int = 8) -> None:
         self._keep = keep
         self._lock = threading.Lock()
-        self._views: dict[tuple[object, ...], tuple[list[torch.Tensor], object]] = {}
+        self._views: dict[tuple[object, ...], list[torch.Tensor]] = {}
 
-    def get(self, buffer: torch.Tensor, key: object, place: Callable[[], Placement],
-            anchor: object = None) -> list[torch.Tensor]:
+    def get(self, buffer: torch.Tensor, key: object, place: Callable[[], Placement]
+            ) -> list[torch.Tensor]:
         """Views of ``buffer`` (uint8 or of any dtype, contiguous), one per tensor
         of the layout ``key`` stands for. On a miss ``place()`` gives the
         layout: each tensor's (byte offset, dtype, shape), and tensors of those
         dtypes and shapes."""
         full = (buffer.data_ptr(), buffer.dtype, key)
-        found = self._views.get(full)
-        if found is None:
+        views = self._views.get(full)
+        if views is None:
             placed, like = place()
-            found = (_views_of(buffer, placed, like), anchor)
+            views = _views_of(buffer, placed, like)
             with self._lock:  # several threads may share one (a set's, the rounds')
                 while len(self._views) >= self._keep:
                     del self._views[next(iter(self._views))]
-                self._views[full] = found
-        return found[0]
+                self._views[full] = views
+        return views
 
     def clear(self) -> None:
         with self._lock:

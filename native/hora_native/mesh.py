@@ -37,8 +37,8 @@ import torch.distributed as dist
 from .base import BackendError, PlacedViews, Placement, ReduceKind, scale_
 from .mesh_transport import MAX_MESH_SIZE, MeshTransport
 
-__all__ = ["KEPT_LAYOUTS", "MAX_MESH_SIZE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "MeshBackend", "MeshRound",
-           "PairwiseAllreduce", "TensorSpec"]
+__all__ = ["KEPT_LAYOUTS", "MAX_MESH_SIZE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "Layout",
+           "MeshBackend", "MeshRound", "PairwiseAllreduce", "TensorSpec"]
 
 # Element types the mesh reduces itself, by wire name.
 MESH_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "uint8", "int8",
@@ -66,8 +66,33 @@ KEPT_LAYOUTS = 16
 # tensor goes in chunks, so the receive buffers the transport keeps stay small.
 PAIR_CHUNK_BYTES = 16 << 20
 
-Layout = tuple[dict[int, int], int]
 Message = tuple[list[int], torch.Tensor | None]
+
+
+class Layout:
+    """Where a rank's ready tensors lie in its payload, for one set of ready slots.
+
+    A mesh keeps one per set (:meth:`MeshBackend.layout`), and it compares by
+    identity: it keys the views of the payload that :meth:`MeshBackend.pack`
+    keeps for it.
+
+    Attributes:
+        offsets: {slot: byte offset}, in slot order.
+        total: the payload's length in bytes.
+        flat: (start, end) when every placed tensor is 1-D and of one dtype:
+            they lie back to back, and one ``cat`` packs them. None otherwise.
+    """
+
+    __slots__ = ("flat", "offsets", "total")
+
+    def __init__(self, offsets: dict[int, int], total: int,
+                 flat: tuple[int, int] | None) -> None:
+        self.offsets = offsets
+        self.total = total
+        self.flat = flat
+
+
+_NO_PAYLOAD = Layout({}, 0, None)
 
 
 class TensorSpec(Protocol):
@@ -78,6 +103,9 @@ class TensorSpec(Protocol):
 
     @property
     def device(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
 
     @property
     def nbytes(self) -> int: ...
@@ -120,12 +148,9 @@ class MeshBackend:
         self._layouts: dict[tuple[int, ...], Layout] = {}
         self._layouts_key: tuple[int, int] = (-1, -1)
         # Views of the payload buffer (it alternates between two halves of a
-        # segment), for the storage they were made of.
+        # segment) by layout, for the storage they were made of.
         self._placed = PlacedViews()
         self._placed_storage = 0
-        # Per layout (by identity): its one back-to-back run of 1-D tensors of
-        # one dtype, (start, end, dtype), or None.
-        self._runs: dict[int, tuple[dict[int, int], tuple[int, int, torch.dtype] | None]] = {}
 
     @property
     def waiting_for(self) -> tuple[int, ...]:
@@ -145,10 +170,11 @@ class MeshBackend:
         training, the same tensors are ready round after round).
 
         Returns:
-            {slot: byte offset} and the payload's length.
+            The layout: offsets by slot, the payload's length, and whether one
+            ``cat`` packs it.
         """
         if budget <= 0:
-            return {}, 0
+            return _NO_PAYLOAD
         slots = tuple(slots)
         if self._layouts_key != (version, budget):
             self._layouts.clear()
@@ -166,44 +192,37 @@ class MeshBackend:
              ) -> torch.Tensor | None:
         """This rank's payload: each (slot, tensor, prescale factor) the layout
         places, prescaled; None when it places none."""
-        offsets, total = layout
+        offsets = layout.offsets
         if not offsets:
             return None
-        send = self.transport.payload_buffer(total)
+        send = self.transport.payload_buffer(layout.total)
         sources: list[torch.Tensor] = []
         scales: list[float] = []
         for slot, tensor, prescale in tensors:
             if slot in offsets:
                 sources.append(tensor)
                 scales.append(prescale)
-        # The tensors of a slot have its signature's dtype and shape, so the
-        # layout (one object per set of ready slots) stands for the placements.
-        run = self._runs.get(id(offsets))
-        if run is None or run[0] is not offsets:
-            if len(self._runs) >= KEPT_LAYOUTS:
-                del self._runs[next(iter(self._runs))]
-            run = self._runs[id(offsets)] = (offsets, _flat_run(offsets, sources))
-        flat = run[1]
-        if flat is not None:
+        if layout.flat is not None:
             # One kernel for the whole run (the cheapest copy of 1-D tensors).
-            start, end, dtype = flat
-            torch.cat(sources, out=send[start:end].view(dtype))
+            start, end = layout.flat
+            torch.cat(sources, out=send[start:end].view(sources[0].dtype))
             if all(prescale == 1.0 for prescale in scales):
                 return send
-            views = self._views(send, offsets, sources)
+            views = self._views(send, layout, sources)
         else:
             # One copy call for every tensor, into views kept across rounds.
-            views = self._views(send, offsets, sources)
+            views = self._views(send, layout, sources)
             torch._foreach_copy_(views, sources)
         for view, prescale in zip(views, scales, strict=True):
             scale_(view, prescale)
         return send
 
-    def _views(self, send: torch.Tensor, offsets: dict[int, int], sources: list[torch.Tensor]
+    def _views(self, send: torch.Tensor, layout: Layout, sources: list[torch.Tensor]
                ) -> list[torch.Tensor]:
         """Views of the payload buffer ``send`` as each of ``sources`` placed by
-        ``offsets``; dropped when the segment grows (they would keep the old
-        one mapped)."""
+        ``layout`` (the tensors of a slot have its signature's dtype and shape,
+        so the layout stands for their placements); dropped when the segment
+        grows (they would keep the old one mapped)."""
         storage = send.untyped_storage().data_ptr()
         if storage != self._placed_storage:
             self._placed.clear()
@@ -211,9 +230,9 @@ class MeshBackend:
 
         def place() -> Placement:
             return [(offset, t.dtype, t.shape) for offset, t in
-                    zip(offsets.values(), sources, strict=True)], sources
+                    zip(layout.offsets.values(), sources, strict=True)], sources
 
-        return self._placed.get(send, id(offsets), place, anchor=offsets)
+        return self._placed.get(send, layout, place)
 
     def exchange(self, values: Sequence[int], payload: torch.Tensor | None) -> list[Message]:
         """Every rank's vector and payload, by rank (see :meth:`MeshTransport.exchange`)."""
@@ -231,22 +250,10 @@ class MeshBackend:
         self.transport.close()
 
 
-def _flat_run(offsets: dict[int, int], sources: list[torch.Tensor]
-              ) -> tuple[int, int, torch.dtype] | None:
-    """Where ``sources`` lie when they are 1-D tensors of one dtype, back to back
-    at ``offsets`` (slot order); None otherwise."""
-    dtype = sources[0].dtype
-    end = -1
-    for offset, tensor in zip(offsets.values(), sources, strict=True):
-        if tensor.dim() != 1 or tensor.dtype != dtype or (end >= 0 and offset != end):
-            return None
-        end = offset + tensor.nbytes
-    return next(iter(offsets.values())), end, dtype
-
-
 def _compute_layout(slots: tuple[int, ...], spec: Callable[[int], TensorSpec], budget: int
                     ) -> Layout:
     offsets, total, dtype = {}, 0, None
+    flat = True  # every placed tensor 1-D, all of one dtype (so back to back from 0)
     for slot in slots:
         sig = spec(slot)
         nbytes = sig.nbytes
@@ -255,8 +262,9 @@ def _compute_layout(slots: tuple[int, ...], spec: Callable[[int], TensorSpec], b
         start = total if sig.dtype == dtype else (total + 7) & ~7
         if start + nbytes > budget:
             continue
+        flat = flat and len(sig.shape) == 1 and dtype in (None, sig.dtype)
         offsets[slot], total, dtype = start, start + nbytes, sig.dtype
-    return offsets, total
+    return Layout(offsets, total, (0, total) if offsets and flat else None)
 
 
 class MeshRound:
@@ -316,14 +324,12 @@ class CarriedBatch:
             if rank == 0:
                 first = theirs
             elif rank == 1:
-                # Rank 0's and rank 1's contributions combined in one pass.
+                # Rank 0's and rank 1's contributions combined in one pass (a
+                # mesh has 2 ranks or more).
                 assert first is not None
                 _COMBINE[op](first, theirs, out=flat)
             else:
                 reduce(flat, theirs)
-        if len(self._payloads) == 1:
-            assert first is not None
-            flat.copy_(first)
 
 
 class PairwiseAllreduce:

@@ -30,6 +30,7 @@ class _Spec:
         self.dtype = str(tensor.dtype).removeprefix("torch.")
         self.device = tensor.device.type
         self.nbytes = tensor.nbytes
+        self.shape = tuple(tensor.shape)
 
 
 def _build(size: int, shared: bool) -> list[MeshBackend]:
@@ -66,7 +67,7 @@ def _round(mesh: MeshBackend, tensors: list[torch.Tensor], prescale: list[float]
     payload = mesh.pack([(s, t, p) for s, t, p in zip(slots, tensors, prescale, strict=True)],
                         layout)
     messages = mesh.exchange([len(slots)], payload)
-    carried = mesh.round(messages, [layout[0]] * mesh.size)
+    carried = mesh.round(messages, [layout.offsets] * mesh.size)
     out = []
     for slot, tensor in enumerate(tensors):
         result = torch.empty_like(tensor)
@@ -136,7 +137,8 @@ def test_a_mesh_keeps_a_bounded_number_of_layouts():
                         version=1)
         assert len(mesh._layouts) <= KEPT_LAYOUTS
         again = mesh.layout([0, 1], lambda _slot: spec, 1 << 20, version=1)
-        assert again == first
+        assert (again.offsets, again.total, again.flat) == (first.offsets, first.total,
+                                                            first.flat)
     finally:
         for mesh in meshes:
             mesh.close()
@@ -174,3 +176,23 @@ def test_placed_views_of_runs_with_empty_tensors_and_a_dtype_change():
                                  torch.tensor([3.0, 4.0]), torch.tensor([5, 6, 7])])
     assert buf[:32].view(torch.float32).tolist() == [2.0] * 6 + [3.0, 4.0]
     assert buf[40:64].view(torch.int64).tolist() == [5, 6, 7]
+
+
+def test_a_layout_is_flat_only_for_1d_tensors_of_one_dtype():
+    meshes = _build(2, shared=False)
+    try:
+        mesh = meshes[0]
+        versions = iter(range(1, 100))  # a new cache version each: no kept layout
+
+        def flat(*tensors: torch.Tensor) -> tuple[int, int] | None:
+            specs = [_Spec(t) for t in tensors]
+            return mesh.layout(range(len(specs)), specs.__getitem__, 1 << 20,
+                               version=next(versions)).flat
+
+        assert flat(torch.zeros(3), torch.zeros(5)) == (0, 32)
+        assert flat(torch.zeros(3), torch.zeros(2, 2)) is None
+        assert flat(torch.zeros(3), torch.zeros(5, dtype=torch.float64)) is None
+        assert mesh.layout([0], lambda _slot: _Spec(torch.zeros(3)), 0, version=1).flat is None
+    finally:
+        for mesh in meshes:
+            mesh.close()

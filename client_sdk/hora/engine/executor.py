@@ -245,8 +245,9 @@ class Executor:
                 offset += shape.numel() * itemsize
             return placed, buffers
 
-        if layout is None:
-            layout = tuple(place()[0])
+        if layout is None:  # the placements themselves are the key
+            placement = place()
+            layout, place = tuple(placement[0]), lambda: placement
         buf = self.fusion_buffer(dtype, first.device, sum(b.numel() for b in buffers),
                                  process_set_id)
         return buf, self._placed.get(buf, layout, place)

@@ -21,7 +21,7 @@ from .control import READY, ControlVector
 from .pending import Entry
 
 if TYPE_CHECKING:
-    from hora_native.mesh import MeshBackend
+    from hora_native.mesh import Layout, MeshBackend
 
     from .process_sets import ProcessSets
 
@@ -73,7 +73,7 @@ class MeshControl:
     def waiting_for(self) -> tuple[int, ...]:
         return self._mesh.waiting_for
 
-    def _layout(self, slots: list[int], budget: int) -> tuple[dict[int, int], int]:
+    def _layout(self, slots: list[int], budget: int) -> Layout:
         return self._mesh.layout(slots, self._cache.signature, budget, self._cache.version)
 
     def exchange(self, vector: ControlVector, ready: Sequence[tuple[int, Entry]],
@@ -92,7 +92,7 @@ class MeshControl:
         # every rank alike.
         # In training every rank sent the same vector: one layout serves all.
         width = len(agreed.slots)
-        by_vector: dict[tuple[int, ...], tuple[dict[int, int], int]] = {}
+        by_vector: dict[tuple[int, ...], Layout] = {}
         layouts = []
         for theirs, sent in messages:
             key = tuple(theirs[:width])
@@ -100,8 +100,8 @@ class MeshControl:
             if found is None:
                 found = by_vector[key] = self._layout(
                     [slot for slot, value in enumerate(key) if value == READY], budget)
-            offsets, total = found
-            layouts.append(offsets if sent is not None and sent.numel() == total else {})
+            layouts.append(found.offsets if sent is not None and sent.numel() == found.total
+                           else {})
         return agreed, mesh.round(messages, layouts)
 
 

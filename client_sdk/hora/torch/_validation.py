@@ -47,26 +47,21 @@ def _tensors(tensors: Any, call: str) -> list[torch.Tensor]:
     return [_tensor(t, f"{call}'s tensor {i}") for i, t in enumerate(tensors)]
 
 
-# Device types a backend was found for: a backend, once there, stays (the
-# check costs more than the rest of a small allreduce's submission). The
-# devices themselves too: looking one up is cheaper than asking its type.
-_SERVED_DEVICES: set[str] = set()
+# Devices a backend was found for: a backend, once there, stays (the check
+# costs more than the rest of a small allreduce's submission, and looking up
+# a device costs less than asking its type).
 _SERVED: set[torch.device] = set()
 
 
 def _device_problem(tensor: torch.Tensor) -> str | None:
-    found = tensor.device
-    if found in _SERVED:
-        return None
-    device = found.type
-    if device in _SERVED_DEVICES:
-        _SERVED.add(found)
+    device = tensor.device
+    if device in _SERVED:
         return None
     try:
-        backend_for_device(device)
+        backend_for_device(device.type)
     except BackendError as exc:
         return str(exc)
-    _SERVED_DEVICES.add(device)
+    _SERVED.add(device)
     return None
 
 
