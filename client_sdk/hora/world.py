@@ -382,6 +382,8 @@ def check_process_set(process_set: ProcessSet) -> int:
         InvalidCallError: the set was not added (in this runtime), or this
             rank is not in it.
     """
+    if process_set is global_process_set:
+        return 0  # every rank's, in every runtime
     if not isinstance(process_set, ProcessSet):
         raise InvalidCallError(f"process_set must be a hvd.ProcessSet, got "
                                f"{type(process_set).__name__}")

@@ -17,7 +17,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Backend", "BackendError", "PlacedViews", "ReduceKind", "Reducer", "scale_"]
+__all__ = ["Backend", "BackendError", "PlacedViews", "ReduceKind", "Reducer", "RegionViews",
+           "scale_"]
 
 
 class BackendError(RuntimeError):
@@ -144,6 +145,36 @@ class PlacedViews:
     def clear(self) -> None:
         with self._lock:
             self._views.clear()
+
+
+class RegionViews:
+    """Typed views of byte regions of buffers, kept across rounds.
+
+    Slicing a tensor and viewing it as another dtype costs several µs each,
+    and a round of the mesh asks for the same few regions every time (where
+    each rank's payload holds a batch). A view is keyed by the address of the
+    region, its length and dtype: it holds its buffer's storage, so that
+    address cannot be handed to other memory while the view is kept, and
+    views of the same address and length are views of the same bytes.
+
+    Args:
+        keep: how many views to keep (all are dropped when it is reached).
+    """
+
+    def __init__(self, keep: int = 16) -> None:
+        self._keep = keep
+        self._views: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+
+    def get(self, buffer: torch.Tensor, start: int, nbytes: int, dtype: torch.dtype
+            ) -> torch.Tensor:
+        """``buffer[start:start + nbytes]`` (uint8, contiguous) viewed as ``dtype``."""
+        key = (buffer.data_ptr() + start, nbytes, dtype)
+        found = self._views.get(key)
+        if found is None:
+            if len(self._views) >= self._keep:
+                self._views.clear()
+            found = self._views[key] = buffer[start:start + nbytes].view(dtype)
+        return found
 
 
 #: A layout of tensors in a flat buffer: each one's (byte offset, dtype, shape),

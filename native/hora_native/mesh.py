@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from .base import BackendError, PlacedViews, Placement, ReduceKind, scale_
+from .base import BackendError, PlacedViews, Placement, ReduceKind, RegionViews, scale_
 from .mesh_transport import MAX_MESH_SIZE, MeshTransport
 
 __all__ = ["KEPT_LAYOUTS", "MAX_MESH_SIZE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "Layout",
@@ -151,6 +151,8 @@ class MeshBackend:
         # segment) by layout, for the storage they were made of.
         self._placed = PlacedViews()
         self._placed_storage = 0
+        # Typed views of where the payloads hold a run or a batch.
+        self._regions = RegionViews()
 
     @property
     def waiting_for(self) -> tuple[int, ...]:
@@ -205,8 +207,8 @@ class MeshBackend:
         if layout.flat is not None:
             # One kernel for the whole run (the cheapest copy of 1-D tensors).
             start, end = layout.flat
-            torch.cat(sources, out=send[start:end].view(sources[0].dtype))
-            if all(prescale == 1.0 for prescale in scales):
+            torch.cat(sources, out=self._regions.get(send, start, end - start, sources[0].dtype))
+            if scales.count(1.0) == len(scales):
                 return send
             views = self._views(send, layout, sources)
         else:
@@ -240,7 +242,7 @@ class MeshBackend:
 
     def round(self, messages: list[Message], layouts: list[dict[int, int]]) -> MeshRound:
         """The payloads of one exchange, with the layout each rank sent them in."""
-        return MeshRound(messages, layouts)
+        return MeshRound(messages, layouts, self._regions)
 
     def abort(self, reason: str) -> None:
         """Fails the exchange in progress and every later one (any thread)."""
@@ -270,9 +272,11 @@ def _compute_layout(slots: tuple[int, ...], spec: Callable[[int], TensorSpec], b
 class MeshRound:
     """What one exchange brought: every rank's payload and where its tensors lie."""
 
-    def __init__(self, messages: list[Message], layouts: list[dict[int, int]]) -> None:
+    def __init__(self, messages: list[Message], layouts: list[dict[int, int]],
+                 regions: RegionViews) -> None:
         self._payloads = [payload for _values, payload in messages]
         self._layouts = layouts
+        self._regions = regions
         # In training every rank sent one layout (the same object): its slots.
         first = layouts[0]
         self._carried = first.keys() if all(layout is first for layout in layouts) else \
@@ -284,7 +288,7 @@ class MeshRound:
 
     def batch(self, slots: Sequence[tuple[int, int]]) -> CarriedBatch:
         """A backend for one fused batch: ``slots`` are (slot, nbytes) in buffer order."""
-        return CarriedBatch(self._payloads, self._layouts, slots)
+        return CarriedBatch(self._payloads, self._layouts, slots, self._regions)
 
 
 class CarriedBatch:
@@ -298,10 +302,11 @@ class CarriedBatch:
     reads_input = False
 
     def __init__(self, payloads: list[torch.Tensor | None], layouts: list[dict[int, int]],
-                 slots: Sequence[tuple[int, int]]) -> None:
+                 slots: Sequence[tuple[int, int]], regions: RegionViews) -> None:
         self._payloads = payloads
         self._layouts = layouts
         self._slots = slots
+        self._regions = regions
 
     def allreduce(self, tensor: torch.Tensor, op: ReduceKind) -> None:
         flat = tensor if tensor.dim() == 1 else tensor.view(-1)
@@ -317,7 +322,7 @@ class CarriedBatch:
             # A view of the payload when the batch lies back to back there
             # (the usual case: every rank was ready with the same tensors).
             if layout[last_slot] + last_nbytes - start == nbytes:
-                theirs = payload[start:start + nbytes].view(dtype)
+                theirs = self._regions.get(payload, start, nbytes, dtype)
             else:
                 theirs = torch.cat([payload[layout[slot]:layout[slot] + size].view(dtype)
                                     for slot, size in self._slots])

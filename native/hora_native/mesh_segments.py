@@ -11,6 +11,9 @@ from .base import BackendError
 
 __all__ = ["Segment", "at_least", "peer_view", "unlink"]
 
+# The most regions of one segment kept as tensors (:meth:`Segment.region`).
+_KEPT_REGIONS = 8
+
 
 def at_least(buf: torch.Tensor | None, nbytes: int) -> torch.Tensor:
     """``buf`` if it holds ``nbytes``, else a uint8 buffer grown geometrically."""
@@ -49,8 +52,22 @@ class Segment:
             os.close(fd)
         self.half = size // 2
         self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._regions: dict[tuple[int, int], torch.Tensor] = {}
+
+    def region(self, offset: int, nbytes: int) -> torch.Tensor:
+        """The ``nbytes`` at ``offset`` (uint8): the same tensor each time it is
+        asked for (slicing costs several µs, and the exchanges of a training loop
+        use the same few regions)."""
+        key = (offset, nbytes)
+        found = self._regions.get(key)
+        if found is None:
+            if len(self._regions) >= _KEPT_REGIONS:
+                self._regions.clear()
+            found = self._regions[key] = self.tensor[offset:offset + nbytes]
+        return found
 
     def close(self) -> None:
+        self._regions.clear()
         del self.tensor
         try:
             self._map.close()
@@ -76,4 +93,4 @@ def peer_view(opened: dict[int, tuple[int, Segment]], rank: int, peer: int, vers
         if found is not None:
             found[1].close()
         opened[peer] = found = (version, segment)
-    return found[1].tensor[offset:offset + nbytes]
+    return found[1].region(offset, nbytes)

@@ -264,7 +264,7 @@ class MeshTransport:
             # can go from the file system once the exchange after that is done.
             self._unlink_after.append((self._exchanges + 1, path))
         offset = (self._exchanges % 2) * segment.half
-        return segment.tensor[offset:offset + nbytes]
+        return segment.region(offset, nbytes)
 
     def _peer_payload(self, peer: int, version: int, offset: int, nbytes: int
                       ) -> torch.Tensor:
@@ -392,7 +392,7 @@ class MeshTransport:
             self._swap_unlink.setdefault(peer, []).append((count, path))
         version, segment = found
         offset = (count % 2) * segment.half
-        return segment.tensor[offset:offset + nbytes], offset, version
+        return segment.region(offset, nbytes), offset, version
 
     def _peer_swap_payload(self, peer: int, version: int, offset: int, nbytes: int
                            ) -> torch.Tensor:

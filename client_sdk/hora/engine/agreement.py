@@ -359,11 +359,13 @@ class Agreement:
             for slot in plan.evictions:
                 self.cache.evict(slot)
                 cached.pop(slot, None)
-            timeline = self._timeline.current
-            for slot, _sig, entry in plan.ready:
+            ready_slots = [slot for slot, _sig, _entry in plan.ready]
+            for slot in ready_slots:
                 del cached[slot]
-                self.cache.touch(slot)
-                if timeline.active:
+            self.cache.touch_all(ready_slots)
+            timeline = self._timeline.current
+            if timeline.active:
+                for _slot, _sig, entry in plan.ready:
                     timeline.negotiate_end(entry.name)
                     timeline.start(entry.name, OpType.ALLREDUCE)
                     timeline.activity_start(entry.name, "QUEUE")
@@ -377,17 +379,18 @@ class Agreement:
             items = batch.items
             entries = [entry for _slot, _sig, entry in items]
             self._pending.discard(entries)
+            slots = tuple([slot for slot, _sig, _entry in items])
+            sizes = [entry.buffer.nbytes for entry in entries]
             if batch.path is Path.CARRIED:
                 assert carried is not None
-                backend = carried.batch([(slot, sig.nbytes) for slot, sig, _e in items])
+                backend = carried.batch(list(zip(slots, sizes, strict=True)))
                 self.mesh_batches += 1
             else:
                 backend = selector.reducer(batch.path, items[0][1].device)
             # A cached slot's tensors keep its signature while the cache's
             # version stays: the slots stand for the batch's shapes.
-            layout = (self.cache.version, tuple(slot for slot, _sig, _entry in items))
-            self._executor.allreduce(backend, entries, self.size, layout)
-            self.tuning.count(sum(entry.buffer.nbytes for entry in entries))
+            self._executor.allreduce(backend, entries, self.size, (self.cache.version, slots))
+            self.tuning.count(sum(sizes))
         # 3. A rank has joined: stop using the cache until the join completes.
         if plan.cache_off:
             self._set_cache(False)

@@ -14,12 +14,13 @@ all ranks without ever being exchanged.
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from typing import NamedTuple
 
 from hora_proto.tensors import fusion_key, tensor_nbytes
 
-__all__ = ["ResponseCache", "Signature"]
+__all__ = ["ResponseCache", "Signature", "fusion_fields"]
 
 
 class Signature(NamedTuple):
@@ -46,6 +47,12 @@ class Signature(NamedTuple):
         """Tensors with equal keys can share one fusion buffer."""
         return fusion_key(self.dtype, self.device, self.reduce_op, self.prescale_factor,
                           self.postscale_factor)
+
+
+#: The fields of a :class:`Signature` its :attr:`~Signature.fusion_key` is made of (all
+#: but the shape: a cached tensor is of the global set), got with one C call: cached
+#: tensors with equal fields may share a fusion buffer.
+fusion_fields = operator.itemgetter(0, 2, 3, 4, 5)
 
 
 class ResponseCache:
@@ -128,6 +135,12 @@ class ResponseCache:
     def touch(self, slot: int) -> None:
         """Marks ``slot`` as just used."""
         self._lru.move_to_end(slot)
+
+    def touch_all(self, slots: list[int]) -> None:
+        """Marks ``slots`` as just used, in their order (a round's ready slots)."""
+        move = self._lru.move_to_end
+        for slot in slots:
+            move(slot)
 
     def evict(self, slot: int) -> str | None:
         """Empties ``slot``; returns the name it held."""

@@ -248,7 +248,7 @@ class Executor:
         if layout is None:  # the placements themselves are the key
             placement = place()
             layout, place = tuple(placement[0]), lambda: placement
-        buf = self.fusion_buffer(dtype, first.device, sum(b.numel() for b in buffers),
+        buf = self.fusion_buffer(dtype, first.device, sum([b.numel() for b in buffers]),
                                  process_set_id)
         return buf, self._placed.get(buf, layout, place)
 

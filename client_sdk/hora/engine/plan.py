@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from hora_native import Reducer
 
 from .._ops import dtype_name
-from .cache import Signature
+from .cache import Signature, fusion_fields
 from .control import INVALID, READY, ControlVector
 from .pending import Entry
 
@@ -141,10 +141,10 @@ def _fuse(ready: list[Ready], threshold: int, out: list[Batch],
     same fusion key, at most ``threshold`` bytes (a larger tensor goes alone)."""
     i = 0
     while i < len(ready):
-        key = ready[i][1].fusion_key
+        key = fusion_fields(ready[i][1])
         nbytes = ready[i][2].buffer.nbytes
         j = i + 1
-        while j < len(ready) and ready[j][1].fusion_key == key:
+        while j < len(ready) and fusion_fields(ready[j][1]) == key:
             nbytes += ready[j][2].buffer.nbytes
             if nbytes > threshold:
                 break

@@ -100,14 +100,22 @@ def _allreduce_start(tensor: torch.Tensor, average: bool | None, name: str | Non
     """allreduce_async_; ``waited``: the caller synchronizes on the handle at once."""
     tensor = _tensor(tensor)
     set_id = check_process_set(process_set)
-    pre, post = _scale_factors(prescale_factor, postscale_factor)
-    op, problem = _op(op, average)
+    # Every small allreduce passes here: the checks' usual answers are spelled
+    # out, and the helpers run for anything else.
+    if type(prescale_factor) is float and type(postscale_factor) is float:
+        pre, post = prescale_factor, postscale_factor
+    else:
+        pre, post = _scale_factors(prescale_factor, postscale_factor)
+    problem: str | None = None
+    if average is not None or type(op) is not ReduceOp:
+        op, problem = _op(op, average)
     problem = problem or _reduction_problem(tensor, op, pre, post, "allreduce")
-    name = _name(name, "allreduce", set_id)
-    if op == ReduceOp.ADASUM and problem is None:
+    if type(name) is not str or not name:
+        name = _name(name, "allreduce", set_id)
+    if op is ReduceOp.ADASUM and problem is None:
         return _adasum_async_(tensor, name, pre, post, set_id)
-    return _submit(_allreduce_entry(tensor, name, op, pre, post, set_id, waited=waited),
-                   problem)
+    return register(_enqueue(_allreduce_entry(tensor, name, op, pre, post, set_id,
+                                              waited=waited), problem))
 
 
 def allreduce_gradient_async_(tensor: torch.Tensor, name: str, op: ReduceOp, pre: float,
