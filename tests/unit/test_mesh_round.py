@@ -19,8 +19,9 @@ import torch
 import torch.distributed as dist
 from test_control_mesh import TOKEN, run_all
 
-from hora_native import PlacedViews, ReduceKind
+from hora_native import PlacedViews, ReduceKind, RegionViews
 from hora_native.mesh import KEPT_LAYOUTS, MeshBackend
+from hora_native.mesh_segments import Segment
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -163,6 +164,38 @@ def test_placed_views_are_kept_per_layout_and_the_oldest_goes_first():
     placed.clear()
     assert placed.get(buf, tuple(layout), lambda: (layout, like)) is not again
     assert placed.get(buf[8:], tuple(layout), lambda: (layout, like)) is not again
+
+
+def test_region_views_are_views_of_the_bytes_kept_by_address_length_and_dtype():
+    buf = torch.zeros(64, dtype=torch.uint8)
+    regions = RegionViews(keep=3)
+    floats = regions.get(buf, 8, 16, torch.float32)
+    assert floats.shape == (4,) and floats.data_ptr() == buf.data_ptr() + 8
+    floats.fill_(2.5)
+    assert torch.equal(buf[8:24].view(torch.float32), torch.full((4,), 2.5))
+    assert regions.get(buf, 8, 16, torch.float32) is floats
+    # The same address from another view of the buffer: the same bytes, the same view.
+    assert regions.get(buf[8:], 0, 16, torch.float32) is floats
+    assert regions.get(buf, 8, 16, torch.int32) is not floats  # another dtype
+    assert regions.get(buf, 8, 8, torch.float32).shape == (2,)  # another length
+    other = torch.zeros(64, dtype=torch.uint8)
+    assert regions.get(other, 8, 16, torch.float32).data_ptr() == other.data_ptr() + 8
+    # Full (keep=3): every kept view went, and a new one is made.
+    assert regions.get(buf, 8, 16, torch.float32) is not floats
+
+
+def test_a_segments_regions_are_kept_and_dropped_when_it_closes(tmp_path):
+    segment = Segment(str(tmp_path / "seg"), 4096, create=True)
+    region = segment.region(2048, 100)
+    assert region.numel() == 100 and region.data_ptr() == segment.tensor.data_ptr() + 2048
+    assert segment.region(2048, 100) is region
+    assert segment.region(0, 100) is not region
+    region.fill_(7)
+    reader = Segment(str(tmp_path / "seg"), 0, create=False)
+    assert reader.region(2048, 100).tolist() == [7] * 100
+    segment.close()
+    reader.close()
+    assert not segment._regions and not reader._regions
 
 
 def test_placed_views_of_runs_with_empty_tensors_and_a_dtype_change():
