@@ -160,3 +160,42 @@ def every_optimizer_state():
     except ValueError as exc:
         out["LBFGS"] = str(exc)
     return out
+
+
+def handover_batches():
+    """Gradient hooks note small gradients and submit them together: at
+    synchronize(), or at once when the noted ones reach HANDOVER_BYTES."""
+    from hora.torch.optimizer import HANDOVER_BYTES
+
+    out = {}
+    x = torch.full((1, 4), float(hvd.rank() + 1))
+    small = torch.nn.Linear(4, 4, bias=False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(small.parameters(), lr=0.1),
+                                   named_parameters=small.named_parameters())
+    small(x).sum().backward()
+    out["small_in_flight"] = len(opt._pending)
+    out["small_noted"] = len(opt._handed)
+    opt.synchronize()
+    out["small_grad"] = small.weight.grad.clone()  # the average of ranks' x: 1.5
+    with opt.skip_synchronize():
+        opt.step()
+    opt.zero_grad()
+    # A gradient noted but not submitted yet, computed again: the same error as
+    # for one in flight.
+    small(x).sum().backward()
+    try:
+        small(x).sum().backward()
+    except RuntimeError as exc:
+        out["again"] = str(exc)
+    opt.synchronize()
+    opt.zero_grad()
+    # A gradient of HANDOVER_BYTES goes while backward runs.
+    width = int((HANDOVER_BYTES // 4) ** 0.5)
+    big = torch.nn.Linear(width, width, bias=False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(big.parameters(), lr=0.1),
+                                   named_parameters=big.named_parameters())
+    big(torch.ones(1, width)).sum().backward()
+    out["big_in_flight"] = len(opt._pending)
+    out["big_noted"] = len(opt._handed)
+    opt.step()
+    return out

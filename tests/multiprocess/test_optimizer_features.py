@@ -68,3 +68,12 @@ def test_adasum_optimizer_combines_each_ranks_update(shared_coordinator):
         torch.testing.assert_close(final0[key].double().flatten(), expected, rtol=1e-5,
                                    atol=1e-6)
         assert torch.equal(final0[key], final1[key])
+
+
+def test_gradient_hooks_hand_small_gradients_over_in_batches(shared_coordinator):
+    for r in run_workers(shared_coordinator, 2, SCENARIOS, "handover_batches"):
+        out = r.value
+        assert (out["small_in_flight"], out["small_noted"]) == (0, 1), out
+        assert torch.equal(out["small_grad"], torch.full((4, 4), 1.5)), out["small_grad"]
+        assert "was computed again before step()" in out["again"], out
+        assert (out["big_in_flight"], out["big_noted"]) == (1, 0), out
