@@ -83,9 +83,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     Each parameter gets a post-accumulate-grad hook. When a parameter's
     gradient has accumulated ``backward_passes_per_step`` times, the hook
-    starts an in-place allreduce of it (or of its whole group, once every
-    gradient of the group is ready); ``step()`` waits for all of them and
-    then runs the wrapped optimizer's update.
+    notes it for an in-place allreduce, submitted with the others noted once
+    they hold ``HANDOVER_BYTES`` (or of its whole group, once every gradient
+    of the group is ready); ``step()`` submits what is left, waits for all of
+    them and then runs the wrapped optimizer's update.
 
     The bookkeeping of a step in progress (handles, group ready-sets, delay
     counters) belongs to the world (runtime) it was made in. An elastic
@@ -419,7 +420,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
 
     The returned object is an instance of the user's optimizer class (so
     isinstance checks and learning-rate schedulers keep working) that also
-    allreduces each gradient as soon as backward produces it.
+    allreduces the gradients while backward runs: the hooks hand them over
+    every ``HANDOVER_BYTES`` (4 MiB) of gradients, and the rest at ``synchronize()``.
 
     Args:
         optimizer: the optimizer to wrap; its state carries over.
