@@ -157,6 +157,9 @@ class RegionViews:
     address cannot be handed to other memory while the view is kept, and
     views of the same address and length are views of the same bytes.
 
+    Views hold their buffer's memory: a holder drops them (:meth:`clear`) when
+    it replaces a buffer, so that the old one can go.
+
     Args:
         keep: how many views to keep (all are dropped when it is reached).
     """
@@ -175,6 +178,9 @@ class RegionViews:
                 self._views.clear()
             found = self._views[key] = buffer[start:start + nbytes].view(dtype)
         return found
+
+    def clear(self) -> None:
+        self._views.clear()
 
 
 #: A layout of tensors in a flat buffer: each one's (byte offset, dtype, shape),

@@ -148,11 +148,11 @@ class MeshBackend:
         self._layouts: dict[tuple[int, ...], Layout] = {}
         self._layouts_key: tuple[int, int] = (-1, -1)
         # Views of the payload buffer (it alternates between two halves of a
-        # segment) by layout, for the storage they were made of.
+        # segment) by layout, and typed views of where the payloads hold a run
+        # or a batch; both dropped when the transport replaces a buffer.
         self._placed = PlacedViews()
-        self._placed_storage = 0
-        # Typed views of where the payloads hold a run or a batch.
         self._regions = RegionViews()
+        self._buffers_seen = 0
 
     @property
     def waiting_for(self) -> tuple[int, ...]:
@@ -198,6 +198,7 @@ class MeshBackend:
         if not offsets:
             return None
         send = self.transport.payload_buffer(layout.total)
+        self._drop_stale_views()
         sources: list[torch.Tensor] = []
         scales: list[float] = []
         for slot, tensor, prescale in tensors:
@@ -223,12 +224,7 @@ class MeshBackend:
                ) -> list[torch.Tensor]:
         """Views of the payload buffer ``send`` as each of ``sources`` placed by
         ``layout`` (the tensors of a slot have its signature's dtype and shape,
-        so the layout stands for their placements); dropped when the segment
-        grows (they would keep the old one mapped)."""
-        storage = send.untyped_storage().data_ptr()
-        if storage != self._placed_storage:
-            self._placed.clear()
-            self._placed_storage = storage
+        so the layout stands for their placements)."""
 
         def place() -> Placement:
             return [(offset, t.dtype, t.shape) for offset, t in
@@ -242,7 +238,16 @@ class MeshBackend:
 
     def round(self, messages: list[Message], layouts: list[dict[int, int]]) -> MeshRound:
         """The payloads of one exchange, with the layout each rank sent them in."""
+        self._drop_stale_views()  # a peer may have grown its segment
         return MeshRound(messages, layouts, self._regions)
+
+    def _drop_stale_views(self) -> None:
+        """Drops the kept views once the transport has replaced a payload buffer:
+        they would keep the old one (a segment's mapping) alive."""
+        if self._buffers_seen != self.transport.buffers_version:
+            self._buffers_seen = self.transport.buffers_version
+            self._placed.clear()
+            self._regions.clear()
 
     def abort(self, reason: str) -> None:
         """Fails the exchange in progress and every later one (any thread)."""

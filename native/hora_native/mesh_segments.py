@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from .base import BackendError
+from .base import BackendError, RegionViews
 
 __all__ = ["Segment", "at_least", "peer_view", "unlink"]
 
@@ -52,19 +52,13 @@ class Segment:
             os.close(fd)
         self.half = size // 2
         self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
-        self._regions: dict[tuple[int, int], torch.Tensor] = {}
+        self._regions = RegionViews(_KEPT_REGIONS)
 
     def region(self, offset: int, nbytes: int) -> torch.Tensor:
         """The ``nbytes`` at ``offset`` (uint8): the same tensor each time it is
         asked for (slicing costs several µs, and the exchanges of a training loop
         use the same few regions)."""
-        key = (offset, nbytes)
-        found = self._regions.get(key)
-        if found is None:
-            if len(self._regions) >= _KEPT_REGIONS:
-                self._regions.clear()
-            found = self._regions[key] = self.tensor[offset:offset + nbytes]
-        return found
+        return self._regions.get(self.tensor, offset, nbytes, torch.uint8)
 
     def close(self) -> None:
         self._regions.clear()

@@ -130,6 +130,10 @@ class MeshTransport:
         self._swap_shm_refused = 1 << 62
         #: Swaps whose payload went through shared memory (for tests and benchmarks).
         self.shared_swaps = 0
+        #: Bumped whenever a buffer that exchanged payloads lie in is replaced (our
+        #: segment or a peer's, grown; a private buffer, grown): whoever keeps views
+        #: of payloads drops them then, so that the old buffer can go.
+        self.buffers_version = 0
         # abort() wakes an exchange blocked in select through this pair.
         self._aborted: str | None = None
         self._wake_r, self._wake_w = socket.socketpair()
@@ -240,8 +244,11 @@ class MeshTransport:
                 log.warning("rank %d: no room in %s for a %d byte payload (%s); payloads "
                             "this large go over the mesh's sockets instead", self.rank,
                             os.path.dirname(self._shm_prefix), nbytes, exc)
-        self._send = at_least(self._send, nbytes)
-        return self._send[:nbytes]
+        grown = at_least(self._send, nbytes)
+        if grown is not self._send:
+            self._send = grown
+            self.buffers_version += 1
+        return grown[:nbytes]
 
     def _shared_buffer(self, nbytes: int) -> torch.Tensor:
         segment = self._segment
@@ -260,6 +267,7 @@ class MeshTransport:
             if segment is not None:
                 segment.close()  # peers keep their own mappings of it
             self._segment = segment = grown
+            self.buffers_version += 1
             # Peers open the new file while receiving the next exchange; it
             # can go from the file system once the exchange after that is done.
             self._unlink_after.append((self._exchanges + 1, path))
@@ -269,8 +277,12 @@ class MeshTransport:
     def _peer_payload(self, peer: int, version: int, offset: int, nbytes: int
                       ) -> torch.Tensor:
         path = f"{self._peer_prefix[peer]}-{peer}-{version}"
-        return peer_view(self._peer_segments, self.rank, peer, version, path, "shared segment",
+        mapped = self._peer_segments.get(peer)
+        view = peer_view(self._peer_segments, self.rank, peer, version, path, "shared segment",
                          offset, nbytes)
+        if self._peer_segments[peer] is not mapped:
+            self.buffers_version += 1
+        return view
 
     def min(self, values: Sequence[int]) -> list[int]:
         """Element-wise minimum of every rank's ``values`` (all ranks pass the same length).
@@ -448,7 +460,11 @@ class MeshTransport:
 
     def _buffer(self, peer: int, nbytes: int) -> torch.Tensor:
         """The reused receive buffer for ``peer``, ``nbytes`` long."""
-        buf = self._buffers[peer] = at_least(self._buffers.get(peer), nbytes)
+        kept = self._buffers.get(peer)
+        buf = at_least(kept, nbytes)
+        if buf is not kept:
+            self._buffers[peer] = buf
+            self.buffers_version += 1
         return buf[:nbytes]
 
     def abort(self, reason: str) -> None:

@@ -60,11 +60,12 @@ def _tensors(rank: int, round_: int, shapes: list[tuple[tuple[int, ...], torch.d
 
 
 def _round(mesh: MeshBackend, tensors: list[torch.Tensor], prescale: list[float],
-           op: ReduceKind) -> list[torch.Tensor]:
-    """One round on one rank: every tensor ready, each reduced alone from the payloads."""
+           op: ReduceKind, version: int = 1) -> list[torch.Tensor]:
+    """One round on one rank: every tensor ready, each reduced alone from the payloads
+    (``version``: the cache's, which changes with the tensors' signatures)."""
     slots = list(range(len(tensors)))
     specs = [_Spec(t) for t in tensors]
-    layout = mesh.layout(slots, specs.__getitem__, mesh.budget, version=1)
+    layout = mesh.layout(slots, specs.__getitem__, mesh.budget, version=version)
     payload = mesh.pack([(s, t, p) for s, t, p in zip(slots, tensors, prescale, strict=True)],
                         layout)
     messages = mesh.exchange([len(slots)], payload)
@@ -125,6 +126,43 @@ def test_carried_rounds_reduce_in_rank_order_round_after_round(shared, shapes, o
     finally:
         for mesh in meshes:
             mesh.close()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["sockets", "shared-memory"])
+def test_kept_views_go_when_the_transport_replaces_a_payload_buffer(shared):
+    """A payload larger than the buffers so far replaces them (a segment grows,
+    ours and the peer's); the views kept of the old ones go with it, and the
+    rounds stay exact."""
+    meshes = _build(2, shared)
+    try:
+        versions = [mesh.transport.buffers_version for mesh in meshes]
+        for numel in (1000, 1000, 600_000, 600_000):  # 4 KB, then 2.4 MB (past 1 MiB)
+            inputs = [[torch.full((numel,), float(r + 1))] for r in range(2)]
+            results, errors = run_all([lambda r=r, i=inputs, v=numel: _round(
+                meshes[r], i[r], [1.0], ReduceKind.SUM, version=v) for r in range(2)])
+            assert errors == [None, None], errors
+            assert all(torch.equal(out[0], torch.full((numel,), 3.0)) for out in results)
+        for rank, mesh in enumerate(meshes):
+            assert mesh.transport.buffers_version > versions[rank]
+            live = {view.untyped_storage().data_ptr()
+                    for view in [*mesh._regions._views.values(),
+                                 *(v for views in mesh._placed._views.values() for v in views)]}
+            current = {buf.untyped_storage().data_ptr() for buf in _payload_buffers(mesh)}
+            assert live and live <= current, (rank, live, current)
+    finally:
+        for mesh in meshes:
+            mesh.close()
+
+
+def _payload_buffers(mesh: MeshBackend) -> list[torch.Tensor]:
+    """The buffers a mesh's payloads lie in now: its own and its peers'."""
+    transport = mesh.transport
+    if transport.shared:
+        assert transport._segment is not None
+        return [transport._segment.tensor,
+                *(segment.tensor for _version, segment in transport._peer_segments.values())]
+    assert transport._send is not None
+    return [transport._send, *transport._buffers.values()]
 
 
 def test_a_mesh_keeps_a_bounded_number_of_layouts():
@@ -195,7 +233,7 @@ def test_a_segments_regions_are_kept_and_dropped_when_it_closes(tmp_path):
     assert reader.region(2048, 100).tolist() == [7] * 100
     segment.close()
     reader.close()
-    assert not segment._regions and not reader._regions
+    assert not segment._regions._views and not reader._regions._views
 
 
 def test_placed_views_of_runs_with_empty_tensors_and_a_dtype_change():

@@ -378,3 +378,19 @@ def _error_of(handle: Handle) -> BaseException | None:
         return exc
     return None
 
+
+
+def test_a_cached_signatures_fusion_fields_fuse_as_the_coordinators_fusion_key():
+    from hora.engine.cache import Signature, fusion_fields
+    from hora_proto.tensors import fusion_key
+
+    base = Signature("float32", (4, 4), "cpu", 1, 1.0, 0.5)
+    variants = [base, base._replace(shape=(7,)), base._replace(dtype="float16"),
+                base._replace(device="cuda"), base._replace(reduce_op=3),
+                base._replace(prescale_factor=2.0), base._replace(postscale_factor=1.0)]
+    for a in variants:
+        for b in variants:
+            same_key = fusion_key(a.dtype, a.device, a.reduce_op, a.prescale_factor,
+                                  a.postscale_factor) == \
+                fusion_key(b.dtype, b.device, b.reduce_op, b.prescale_factor, b.postscale_factor)
+            assert (fusion_fields(a) == fusion_fields(b)) == same_key, (a, b)

@@ -18,7 +18,7 @@ import operator
 from collections import OrderedDict
 from typing import NamedTuple
 
-from hora_proto.tensors import fusion_key, tensor_nbytes
+from hora_proto.tensors import tensor_nbytes
 
 __all__ = ["ResponseCache", "Signature", "fusion_fields"]
 
@@ -42,16 +42,11 @@ class Signature(NamedTuple):
         """Bytes of one tensor with this signature."""
         return tensor_nbytes(self.dtype, self.shape)
 
-    @property
-    def fusion_key(self) -> tuple[object, ...]:
-        """Tensors with equal keys can share one fusion buffer."""
-        return fusion_key(self.dtype, self.device, self.reduce_op, self.prescale_factor,
-                          self.postscale_factor)
 
-
-#: The fields of a :class:`Signature` its :attr:`~Signature.fusion_key` is made of (all
-#: but the shape: a cached tensor is of the global set), got with one C call: cached
-#: tensors with equal fields may share a fusion buffer.
+#: The fusion key of a cached :class:`Signature`, with one C call: the fields
+#: :func:`hora_proto.tensors.fusion_key` is made of (dtype, device, op and factors;
+#: a cached tensor is of the global set). Cached tensors with equal keys may share
+#: a fusion buffer, as the coordinator fuses negotiated ones.
 fusion_fields = operator.itemgetter(0, 2, 3, 4, 5)
 
 
