@@ -209,13 +209,12 @@ class MeshBackend:
             # One kernel for the whole run (the cheapest copy of 1-D tensors).
             start, end = layout.flat
             torch.cat(sources, out=self._regions.get(send, start, end - start, sources[0].dtype))
-            if scales.count(1.0) == len(scales):
-                return send
-            views = self._views(send, layout, sources)
         else:
             # One copy call for every tensor, into views kept across rounds.
-            views = self._views(send, layout, sources)
-            torch._foreach_copy_(views, sources)
+            torch._foreach_copy_(self._views(send, layout, sources), sources)
+        if scales.count(1.0) == len(scales):
+            return send
+        views = self._views(send, layout, sources)
         for view, prescale in zip(views, scales, strict=True):
             scale_(view, prescale)
         return send

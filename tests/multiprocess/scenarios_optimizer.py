@@ -199,3 +199,58 @@ def handover_batches():
     out["big_noted"] = len(opt._handed)
     opt.step()
     return out
+
+
+def handover_one_call():
+    """The noted gradients reach the engine in one call, each under its own name,
+    and come back as their own allreduces would; a batch holding a gradient no
+    reduction takes goes one by one, so that the call fails on every rank."""
+    from hora import _runtime
+    from hora._ops import ReduceOp
+    from hora.errors import InvalidCallError
+    from hora.torch._collectives import _allreduce_entry
+    from hora.world import wait
+
+    out = {}
+    x = torch.full((2, 3), float(hvd.rank() + 1))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(4)])
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(x).sum().backward()
+    local = [p.grad.clone() for p in model.parameters()]
+    expected = [hvd.allreduce(g, name=f"check.{i}") for i, g in enumerate(local)]
+    opt._submit_handed()
+    out["pending"] = [len(p.params) for p in opt._pending]
+    opt.synchronize()
+    out["equal"] = [torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected, strict=True)]
+    # A complex gradient among real ones: every rank gets the InvalidCallError of
+    # that tensor, and the next collective works.
+    lin = torch.nn.Linear(3, 3)
+    c = torch.nn.Parameter(torch.ones(2, dtype=torch.complex64))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD([lin.weight, lin.bias, c], lr=0.1),
+        named_parameters=[("w", lin.weight), ("b", lin.bias), ("c", c)])
+    (lin(x).sum() + (c * c).real.sum()).backward()
+    try:
+        opt.synchronize()
+    except InvalidCallError as exc:
+        out["invalid"] = str(exc)
+    out["after"] = hvd.allreduce(torch.ones(2), name="after", op=hvd.Sum)
+    # The engine takes a batch whole or not at all: a name twice in it raises,
+    # and none of it is in flight.
+    engine = _runtime.current().engine
+
+    def entry(name):
+        return _allreduce_entry(torch.full((2,), float(hvd.rank() + 1)), name, ReduceOp.SUM,
+                                1.0, 1.0, 0)
+
+    try:
+        engine.enqueue_all([entry("one"), entry("one")])
+    except InvalidCallError as exc:
+        out["twice"] = str(exc)
+    out["in_flight"] = sorted(engine._pending.entries)
+    batch = [entry("one"), entry("two")]
+    engine.enqueue_all(batch)
+    out["batch"] = [wait(e.handle).tolist() for e in batch]
+    return out

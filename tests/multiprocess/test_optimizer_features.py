@@ -77,3 +77,15 @@ def test_gradient_hooks_hand_small_gradients_over_in_batches(shared_coordinator)
         assert torch.equal(out["small_grad"], torch.full((4, 4), 1.5)), out["small_grad"]
         assert "was computed again before step()" in out["again"], out
         assert (out["big_in_flight"], out["big_noted"]) == (1, 0), out
+
+
+def test_noted_gradients_go_to_the_engine_in_one_call(shared_coordinator):
+    for r in run_workers(shared_coordinator, 2, SCENARIOS, "handover_one_call"):
+        out = r.value
+        assert out["pending"] == [8], out  # 8 gradients, one call, one wait
+        assert out["equal"] == [True] * 8, out
+        assert "cannot reduce torch.complex64" in out["invalid"], out
+        assert out["after"].tolist() == [2.0, 2.0], out
+        assert "'one' is already in flight" in out["twice"], out
+        assert out["in_flight"] == [], out
+        assert out["batch"] == [[3.0, 3.0], [3.0, 3.0]], out

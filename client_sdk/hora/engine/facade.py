@@ -179,6 +179,30 @@ class Engine:
         self._negotiator.send(entry.request())
         return entry.handle
 
+    def enqueue_all(self, entries: Sequence[Entry]) -> None:
+        """:meth:`enqueue` for each of ``entries`` under one lock round, all or
+        none (a batch of gradients); each keeps its own handle.
+
+        Raises:
+            InvalidCallError, HorovodInternalError: as :meth:`enqueue`; then none
+                of ``entries`` was submitted.
+        """
+        misses = []
+        with self._pending.lock:
+            self._pending.add_all(entries)
+            drive = self.agreement.drive
+            admit = self.agreement.admit
+            timeline = self._timeline.current
+            for entry in entries:
+                if entry.process_set_id == 0:
+                    entry.handle.driver = drive
+                if timeline.active:
+                    timeline.negotiate_start(entry.name, entry.op_type)
+                if not admit(entry):
+                    misses.append(entry)
+        for entry in misses:
+            self._negotiator.send(entry.request())
+
     def failure(self) -> HoraError | None:
         return self._pending.failure
 

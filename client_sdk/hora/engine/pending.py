@@ -238,6 +238,28 @@ class Pending:
                 f"names must be unique among pending operations")
         self.entries[entry.name] = entry
 
+    def add_all(self, entries: Sequence[Entry]) -> None:
+        """:meth:`add` for each of ``entries``, all or none; call with the lock held.
+
+        Raises:
+            InvalidCallError: a tensor with the same name is already in flight,
+                or two of ``entries`` share a name; none of them is recorded.
+            HoraError: as :meth:`add`.
+        """
+        if self.failure is not None:
+            raise type(self.failure)(str(self.failure))
+        table = self.entries
+        new = {entry.name: entry for entry in entries}
+        if len(new) != len(entries) or not table.keys().isdisjoint(new):
+            seen: set[str] = set()
+            for entry in entries:
+                if entry.name in table or entry.name in seen:
+                    raise InvalidCallError(
+                        f"a tensor named {entry.name!r} is already in flight on rank "
+                        f"{self.rank}; names must be unique among pending operations")
+                seen.add(entry.name)
+        table.update(new)
+
     def take(self, names: Sequence[str]) -> list[Entry]:
         """Removes and returns the entries of ``names`` this rank has; the calling
         thread holds them until its :meth:`holding` ends."""

@@ -133,6 +133,27 @@ def allreduce_gradient_async_(tensor: torch.Tensor, name: str, op: ReduceOp, pre
     return _enqueue(_allreduce_entry(tensor, name, op, pre, post, set_id), problem)
 
 
+def allreduce_gradients_async_(tensors: Sequence[torch.Tensor], names: Sequence[str],
+                               op: ReduceOp, pre: float, post: float,
+                               process_set: ProcessSet) -> list[Handle] | None:
+    """:func:`allreduce_gradient_async_` for a batch of gradients: the engine
+    takes them under one lock round, each with its own name and handle.
+
+    None, with nothing submitted, when one of them has a problem (a dtype or
+    device no reduction takes): the caller then submits them one by one, so
+    that the invalid call fails on every rank as a single one does.
+    """
+    set_id = check_process_set(process_set)
+    entries = []
+    for tensor, name in zip(tensors, names, strict=True):
+        tensor = _tensor(tensor)
+        if _reduction_problem(tensor, op, pre, post, "allreduce") is not None:
+            return None
+        entries.append(_allreduce_entry(tensor, name, op, pre, post, set_id))
+    _runtime.current().engine.enqueue_all(entries)
+    return [entry.handle for entry in entries]
+
+
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0,

@@ -47,7 +47,8 @@ def _submit_all(entries: list[Entry], problems: Sequence[str | None],
     engine = _runtime.current().engine
     for entry, problem in zip(entries, problems, strict=True):
         entry.invalid = problem or ""
-    handle = register(handle_of([engine.enqueue(entry) for entry in entries]))
+    engine.enqueue_all(entries)
+    handle = register(handle_of([entry.handle for entry in entries]))
     if any(problems):
         synchronize(handle)  # raises the InvalidCallError every rank of the call gets
     return handle

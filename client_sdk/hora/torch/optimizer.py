@@ -15,8 +15,9 @@ from ..engine import Handle
 from ..engine.telemetry import TELEMETRY
 from ..world import wait
 from ._adasum_optimizer import _DistributedAdasumOptimizer
-from ._collectives import allreduce_gradient_async_
+from ._collectives import allreduce_gradient_async_, allreduce_gradients_async_
 from ._parameters import _parameter_groups, _parameter_names
+from ._submission import _Group
 from .compression import Compression
 from .mpi_ops import (
     Adasum,
@@ -39,7 +40,9 @@ __all__ = ["DistributedOptimizer"]
 # about 45 µs on the 2-core machine of bench/README.md, against about 10 in a
 # batch; and fewer, larger bursts of submissions leave the engine's
 # background rounds fewer chances to run beside the backward pass. A model's
-# gradients still start while backward runs, every HANDOVER_BYTES.
+# gradients still start while backward runs, every HANDOVER_BYTES. A batch
+# reaches the engine in one call (one lock round, and one wait at
+# synchronize()), each gradient still its own allreduce under its own name.
 HANDOVER_BYTES = 4 << 20
 
 
@@ -296,7 +299,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._submit(list(members))
 
     def _submit_handed(self) -> None:
-        """Submits the gradients the hooks noted, in the order they came.
+        """Submits the gradients the hooks noted, in the order they came: the
+        dense ones in one call to the engine (:meth:`_submit_batch`), unless one
+        of them would fail, and then one by one.
 
         A submission that raises leaves the rest unsubmitted and free:
         ``synchronize()`` submits them as it does the gradients of unused parameters.
@@ -305,8 +310,40 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handed_bytes = 0
         for slot in handed:
             slot.pending = None
+        if len(handed) > 1 and not self._sparse:
+            batch = []
+            for slot in handed:
+                grad = slot.param.grad
+                if grad is None or grad.is_sparse:
+                    self._submit_one(slot)
+                else:
+                    batch.append(slot)
+            if self._submit_batch(batch):
+                return
+            handed = batch
         for slot in handed:
             self._submit_one(slot)
+
+    def _submit_batch(self, slots: list[_Slot]) -> bool:
+        """Submits the dense gradients of ``slots`` in one call to the engine, each
+        under its own name, waited as one; False, with nothing submitted, when
+        one of them would fail (they go one by one then, to fail as one does)."""
+        if not slots:
+            return True
+        compress = self._compression.compress
+        pairs = [compress(slot.param.grad) for slot in slots]
+        wire = [w for w, _ in pairs]
+        pre, post = self._scales()
+        handles = allreduce_gradients_async_(wire, [slot.wire_name for slot in slots], self._op,
+                                             pre, post, self._process_set)
+        if handles is None:
+            return False
+        pending = _Pending([slot.param for slot in slots], _Group(handles),
+                           [c for _, c in pairs], wire)
+        self._pending.append(pending)
+        for slot in slots:
+            slot.pending = pending
+        return True
 
     # -- completing -------------------------------------------------------------
 
