@@ -253,4 +253,21 @@ def handover_one_call():
     batch = [entry("one"), entry("two")]
     engine.enqueue_all(batch)
     out["batch"] = [wait(e.handle).tolist() for e in batch]
+    # So does a grouped call: with 'g.1' in flight on rank 0, its group 'g' (of
+    # 'g.0' and 'g.1') raises there and leaves 'g.0' out of flight as well.
+    one = torch.ones(2)
+    if hvd.rank() == 0:
+        single = hvd.allreduce_async_(one, name="g.1", op=hvd.Sum)
+        try:
+            hvd.grouped_allreduce_async_([torch.ones(2), torch.ones(2)], name="g")
+        except InvalidCallError as exc:
+            out["group_clash"] = str(exc)
+        out["group_in_flight"] = sorted(engine._pending.entries)
+        hvd.allreduce(torch.ones(1), name="sync")
+    else:
+        hvd.allreduce(torch.ones(1), name="sync")
+        single = hvd.allreduce_async_(one, name="g.1", op=hvd.Sum)
+    hvd.synchronize(single)
+    out["group"] = [t.tolist() for t in hvd.grouped_allreduce(
+        [torch.ones(2), torch.ones(2)], name="g", op=hvd.Sum)]
     return out

@@ -89,3 +89,7 @@ def test_noted_gradients_go_to_the_engine_in_one_call(shared_coordinator):
         assert "'one' is already in flight" in out["twice"], out
         assert out["in_flight"] == [], out
         assert out["batch"] == [[3.0, 3.0], [3.0, 3.0]], out
+        if r.rank == 0:
+            assert "'g.1' is already in flight" in out["group_clash"], out
+            assert out["group_in_flight"] == ["g.1"], out
+        assert out["group"] == [[2.0, 2.0], [2.0, 2.0]], out
