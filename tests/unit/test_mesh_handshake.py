@@ -105,6 +105,36 @@ def test_the_acceptor_refuses_a_connector_with_another_token_and_logs_it(caplog)
     sock.close()
 
 
+def test_a_unix_domain_listener_refuses_a_stranger_and_takes_the_rank(caplog, tmp_path):
+    """Ranks of one machine connect again over a Unix-domain socket: the same proof."""
+    path = str(tmp_path / "rank0.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(16)
+    acceptor = Acceptor(sock, expected=(1,))
+    with caplog.at_level(logging.WARNING, logger="hora"):
+        stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stranger.connect(path)
+        read_challenge(stranger)
+        stranger.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 100)
+        assert closed(stranger)
+        with pytest.raises(ConnectionError):  # another job's token: closed without a reply
+            connect_peer(path, "another-token", CTX, 3, 1, 0, 5.0)
+        good = connect_peer(path, TOKEN, CTX, 3, 1, 0, 5.0)
+        acceptor.join(10)
+    assert acceptor.error is None and set(acceptor.peers) == {1}
+    assert good.family == socket.AF_UNIX
+    assert "refused a connection from a local socket: did not speak the hora mesh" in caplog.text
+    assert "claimed rank 1 with a wrong proof" in caplog.text
+    acceptor.peers[1].setblocking(True)
+    acceptor.peers[1].sendall(b"ping")
+    assert good.recv(4) == b"ping"
+    with pytest.raises(FileNotFoundError, match="could not connect to rank 0's mesh port /"):
+        connect_peer(str(tmp_path / "gone.sock"), TOKEN, CTX, 3, 1, 0, 5.0)
+    for conn in (stranger, good, acceptor.peers[1], sock):
+        conn.close()
+
+
 def test_the_connector_refuses_an_acceptor_without_the_token():
     """An impostor at a rank's address that answers every proof with its own MAC."""
     sock, address = listener()
