@@ -226,16 +226,27 @@ def handover_one_call():
     out["equal"] = [torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected, strict=True)]
     # A complex gradient among real ones: every rank gets the InvalidCallError of
     # that tensor, and the next collective works.
+    # Each gradient is compressed once, also when the batch goes one by one (a
+    # compression may keep state, such as an error-feedback residual).
+    compressed = []
+
+    class Counting(hvd.Compression.none):
+        @staticmethod
+        def compress(tensor):
+            compressed.append(tensor.dtype)
+            return tensor, None
+
     lin = torch.nn.Linear(3, 3)
     c = torch.nn.Parameter(torch.ones(2, dtype=torch.complex64))
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD([lin.weight, lin.bias, c], lr=0.1),
-        named_parameters=[("w", lin.weight), ("b", lin.bias), ("c", c)])
+        named_parameters=[("w", lin.weight), ("b", lin.bias), ("c", c)], compression=Counting)
     (lin(x).sum() + (c * c).real.sum()).backward()
     try:
         opt.synchronize()
     except InvalidCallError as exc:
         out["invalid"] = str(exc)
+    out["compressed"] = len(compressed)
     out["after"] = hvd.allreduce(torch.ones(2), name="after", op=hvd.Sum)
     # The engine takes a batch whole or not at all: a name twice in it raises,
     # and none of it is in flight.

@@ -85,6 +85,7 @@ def test_noted_gradients_go_to_the_engine_in_one_call(shared_coordinator):
         assert out["pending"] == [8], out  # 8 gradients, one call, one wait
         assert out["equal"] == [True] * 8, out
         assert "cannot reduce torch.complex64" in out["invalid"], out
+        assert out["compressed"] == 3, out  # each of the 3 gradients once
         assert out["after"].tolist() == [2.0, 2.0], out
         assert "'one' is already in flight" in out["twice"], out
         assert out["in_flight"] == [], out

@@ -211,14 +211,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return True
         return p.grad is None and p in self._sparse
 
-    def _submit_one(self, slot: _Slot) -> None:
-        """A gradient of its own group: every gradient hook's path, kept short."""
+    def _submit_one(self, slot: _Slot, compressed: tuple[Any, Any] | None = None) -> None:
+        """A gradient of its own group; ``compressed``: its (wire tensor, context),
+        when the compression has run already."""
         p = slot.param
         grad = p.grad
         if grad is None or grad.is_sparse or (self._sparse and p in self._sparse):
             self._submit([p])
             return
-        wire, ctx = self._compression.compress(grad)
+        wire, ctx = compressed if compressed is not None else self._compression.compress(grad)
         pre, post = self._scales()
         handle = allreduce_gradient_async_(wire, slot.wire_name, self._op, pre, post,
                                            self._process_set)
@@ -318,18 +319,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._submit_one(slot)
                 else:
                     batch.append(slot)
-            if self._submit_batch(batch):
-                return
-            handed = batch
+            refused = self._submit_batch(batch)
+            if refused is not None:
+                # One by one, each compressed once only (a compression may keep state).
+                for slot, compressed in zip(batch, refused, strict=True):
+                    self._submit_one(slot, compressed)
+            return
         for slot in handed:
             self._submit_one(slot)
 
-    def _submit_batch(self, slots: list[_Slot]) -> bool:
+    def _submit_batch(self, slots: list[_Slot]) -> list[tuple[Any, Any]] | None:
         """Submits the dense gradients of ``slots`` in one call to the engine, each
-        under its own name, waited as one; False, with nothing submitted, when
-        one of them would fail (they go one by one then, to fail as one does)."""
+        under its own name, waited as one. When one of them would fail, submits
+        nothing and returns every gradient's (wire tensor, context): they go one
+        by one then, to fail as one does."""
         if not slots:
-            return True
+            return None
         compress = self._compression.compress
         pairs = [compress(slot.param.grad) for slot in slots]
         wire = [w for w, _ in pairs]
@@ -337,13 +342,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         handles = allreduce_gradients_async_(wire, [slot.wire_name for slot in slots], self._op,
                                              pre, post, self._process_set)
         if handles is None:
-            return False
+            return pairs
         pending = _Pending([slot.param for slot in slots], _Group(handles),
                            [c for _, c in pairs], wire)
         self._pending.append(pending)
         for slot in slots:
             slot.pending = pending
-        return True
+        return None
 
     # -- completing -------------------------------------------------------------
 
