@@ -104,10 +104,14 @@ def connect_peer(address: Address, token: str, context: str, size: int, rank: in
             raise  # nobody listens there (any more): the peer is gone
         except ConnectionError:
             # Reset or closed during the handshake: strangers crowded the
-            # acceptor's pending handshakes and evicted this one. Try again.
+            # acceptor's pending handshakes and evicted this one. Try again,
+            # unless the pause would end past the deadline (a pause may
+            # overrun: then this error, not "no time was left", is the answer).
             if time.monotonic() + _RETRY_PAUSE >= deadline:
                 raise
             time.sleep(_RETRY_PAUSE)
+            if time.monotonic() >= deadline:
+                raise
 
 
 def _open(address: Address, timeout: float) -> socket.socket:

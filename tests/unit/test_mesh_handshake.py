@@ -135,6 +135,37 @@ def test_a_unix_domain_listener_refuses_a_stranger_and_takes_the_rank(caplog, tm
         conn.close()
 
 
+def test_a_connector_whose_pause_overruns_the_deadline_raises_what_the_acceptor_did(
+        monkeypatch):
+    """A retry's pause that ends past the deadline (a loaded machine) leaves the
+    refusal as the error, not a TimeoutError with no time left to connect."""
+
+    class Clock:  # the module's time, whose sleeps overrun by 0.5 s
+        offset = 0.0
+
+        @staticmethod
+        def monotonic() -> float:
+            return time.monotonic() + Clock.offset
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            time.sleep(seconds)
+            Clock.offset += 0.5
+
+    sock, address = listener()
+    acceptor = Acceptor(sock, expected=(1,))
+    monkeypatch.setattr(hs, "time", Clock)
+    with pytest.raises(ConnectionError):  # another job's token: closed without a reply
+        connect_peer(address, "another-token", CTX, 3, 1, 0, 0.3)
+    monkeypatch.undo()
+    good = connect_peer(address, TOKEN, CTX, 3, 1, 0, 5.0)
+    acceptor.join(10)
+    assert acceptor.error is None and set(acceptor.peers) == {1}
+    good.close()
+    acceptor.peers[1].close()
+    sock.close()
+
+
 def test_the_connector_refuses_an_acceptor_without_the_token():
     """An impostor at a rank's address that answers every proof with its own MAC."""
     sock, address = listener()
