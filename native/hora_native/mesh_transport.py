@@ -36,7 +36,7 @@ higher ranks connect. Every connection proves the job token both ways
 before it carries anything (:mod:`.mesh_handshake`); the shared segments'
 names come from the store and the authenticated connections only. Ranks
 that share ``/dev/shm`` then move their connections onto Unix-domain
-sockets, proving the token again (:meth:`MeshTransport._connect_locally`).
+sockets, proving the token again (:mod:`.mesh_local`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ import os
 import socket
 import struct
 import time
-import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -55,6 +54,7 @@ import torch.distributed as dist
 
 from .base import BackendError
 from .mesh_handshake import HANDSHAKE_TIMEOUT, accept_peers, connect_peer
+from .mesh_local import connect_locally, probe_shared_memory
 from .mesh_messages import _INLINE, _MESSAGE, _Incoming, _Outgoing
 from .mesh_poll import ready_sockets
 from .mesh_segments import Segment, at_least, peer_view, unlink
@@ -67,8 +67,6 @@ log = logging.getLogger("hora")
 
 # Where segment files go unless the caller names a prefix (the engine does).
 _DEFAULT_SHM_PREFIX = "/dev/shm/hora-mesh-"
-# The longest path a Unix-domain socket may have (sun_path holds 108 bytes).
-_UNIX_PATH_MAX = 108
 
 
 class MeshTransport:
@@ -179,120 +177,22 @@ class MeshTransport:
         self._send: torch.Tensor | None = None
         if size > 1:
             try:
-                self.shared = self._probe_shared_memory(store, shared_memory)
-                self._connect_locally(token, context, deadline, handshake_timeout)
+                found = probe_shared_memory(store, rank, size, self._peers, shm_prefix,
+                                            shared_memory, self.exchange)
+                self._prefix, self._peer_prefix = found.prefix, found.peer_prefix
+                self.local_peers, self.shared = found.local_peers, found.shared
+                local = connect_locally(found, rank, size, self.exchange, token, context,
+                                        deadline, handshake_timeout)
+                for peer, conn in local.items():
+                    conn.setblocking(False)
+                    self._peers.pop(peer).close()
+                    self._peers[peer] = conn
+                self._peer_of = {conn: peer for peer, conn in self._peers.items()}
             except BaseException:  # no object to close them later: close the sockets now
                 self.close()
                 raise
 
     # -- shared memory --------------------------------------------------------
-
-    def _probe_shared_memory(self, store: dist.Store, wanted: bool) -> bool:
-        """Whether every rank can open every other rank's files in /dev/shm.
-
-        Each rank writes a random token into a probe file and reads every
-        peer's; one exchange gives every rank every rank's answers, so the
-        verdict is the same everywhere. A rank that does not want shared
-        memory takes part and says no. Also sets :attr:`local_peers`: the
-        peers each of which can read this rank's files and whose files this
-        rank can read (ranks on this machine, when the job spans several).
-        """
-        token = uuid.uuid4().hex
-        self._prefix = f"{self._shm_prefix}{token}"
-        probe = f"{self._prefix}.probe"
-        ok = 1 if wanted else 0
-        try:
-            if ok:
-                with open(probe, "w", encoding="ascii") as f:
-                    f.write(token)
-        except OSError:
-            ok = 0
-        store.set(f"shm/{self.rank}", f"{ok} {self._prefix} {token}")
-        seen = 0  # bit p: peer p's probe file is readable here
-        try:
-            for peer in self._peers:
-                peer_ok, prefix, peer_token = store.get(f"shm/{peer}").decode().split(" ")
-                self._peer_prefix[peer] = prefix
-                if ok and peer_ok == "1":
-                    try:
-                        with open(f"{prefix}.probe", encoding="ascii") as f:
-                            if f.read() == peer_token:
-                                seen |= 1 << peer
-                    except OSError:
-                        pass
-            answers = self.exchange([ok, seen])
-        finally:
-            try:
-                os.unlink(probe)
-            except OSError:
-                pass
-        oks = [values[0] for values, _payload in answers]
-        masks = [values[1] for values, _payload in answers]
-        self.local_peers = frozenset(
-            peer for peer in self._peers
-            if masks[self.rank] >> peer & 1 and masks[peer] >> self.rank & 1)
-        # From every rank's answers, so that every rank comes to the same verdict.
-        return all(ok == 1 for ok in oks) and all(
-            masks[a] >> b & 1 for a in range(self.size) for b in range(self.size) if a != b)
-
-    def _connect_locally(self, token: str, context: str, deadline: float,
-                         handshake_timeout: float) -> None:
-        """Moves the connections between ranks of this machine (:attr:`local_peers`)
-        from loopback TCP onto Unix-domain sockets, where a message costs less
-        (a 64-byte round trip between two processes here: 9 µs against 15).
-
-        Every rank takes part in one exchange. A rank with a local peer above
-        it listens at ``<its segment prefix>.sock`` (a path the job's ranks
-        learnt from the store) and says whether it could; each local peer below
-        one that could connects, and proves the job token as over TCP
-        (:mod:`.mesh_handshake`). The pair's TCP connection is then closed.
-
-        Raises:
-            BackendError: a local peer failed the proof.
-            OSError, TimeoutError: a connection failed or did not come in time.
-        """
-        higher = {peer for peer in self.local_peers if peer > self.rank}
-        path = f"{self._prefix}.sock"
-        listener: socket.socket | None = None
-        if higher and len(path.encode()) < _UNIX_PATH_MAX:
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                listener.bind(path)
-                # Any local user may connect, as to the TCP port: the proof decides.
-                os.chmod(path, 0o666)
-                listener.listen(len(higher) + 16)
-            except OSError as exc:
-                log.info("rank %d: no Unix-domain socket at %s (%s): its local peers stay "
-                         "on TCP", self.rank, path, exc)
-                listener.close()
-                listener = None
-                unlink(path)
-        try:
-            listening = [values[0] for values, _payload in
-                         self.exchange([0 if listener is None else 1])]
-            local: dict[int, socket.socket] = {}
-            try:
-                for peer in sorted(self.local_peers):
-                    if peer < self.rank and listening[peer]:
-                        local[peer] = connect_peer(
-                            f"{self._peer_prefix[peer]}.sock", token, context, self.size,
-                            self.rank, peer, max(0.0, deadline - time.monotonic()))
-                if listener is not None:
-                    local.update(accept_peers(listener, token, context, self.size, self.rank,
-                                              higher, deadline, handshake_timeout))
-            except BaseException:
-                for conn in local.values():
-                    conn.close()
-                raise
-        finally:
-            if listener is not None:
-                listener.close()
-                unlink(path)
-        for peer, conn in local.items():
-            conn.setblocking(False)
-            self._peers.pop(peer).close()
-            self._peers[peer] = conn
-        self._peer_of = {conn: peer for peer, conn in self._peers.items()}
 
     def payload_buffer(self, nbytes: int) -> torch.Tensor:
         """Where to write the next exchange's payload (``nbytes``, uint8).

@@ -169,15 +169,19 @@ class Engine:
         """
         with self._pending.lock:
             self._pending.add(entry)
-            if entry.process_set_id == 0:
-                entry.handle.driver = self.agreement.drive
-            timeline = self._timeline.current
-            if timeline.active:
-                timeline.negotiate_start(entry.name, entry.op_type)
-            if self.agreement.admit(entry):
+            if self._take(entry, self._timeline.current):
                 return entry.handle
         self._negotiator.send(entry.request())
         return entry.handle
+
+    def _take(self, entry: Entry, timeline: Timeline | NullTimeline) -> bool:
+        """Hands a recorded entry to the rounds (True) or leaves it for the
+        coordinator (False); call with the lock held."""
+        if entry.process_set_id == 0:
+            entry.handle.driver = self.agreement.drive
+        if timeline.active:
+            timeline.negotiate_start(entry.name, entry.op_type)
+        return self.agreement.admit(entry)
 
     def enqueue_all(self, entries: Sequence[Entry]) -> None:
         """:meth:`enqueue` for each of ``entries`` under one lock round, all or
@@ -187,19 +191,10 @@ class Engine:
             InvalidCallError, HorovodInternalError: as :meth:`enqueue`; then none
                 of ``entries`` was submitted.
         """
-        misses = []
         with self._pending.lock:
             self._pending.add_all(entries)
-            drive = self.agreement.drive
-            admit = self.agreement.admit
             timeline = self._timeline.current
-            for entry in entries:
-                if entry.process_set_id == 0:
-                    entry.handle.driver = drive
-                if timeline.active:
-                    timeline.negotiate_start(entry.name, entry.op_type)
-                if not admit(entry):
-                    misses.append(entry)
+            misses = [entry for entry in entries if not self._take(entry, timeline)]
         for entry in misses:
             self._negotiator.send(entry.request())
 

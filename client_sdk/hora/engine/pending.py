@@ -233,9 +233,7 @@ class Pending:
         if self.failure is not None:
             raise type(self.failure)(str(self.failure))
         if entry.name in self.entries:
-            raise InvalidCallError(
-                f"a tensor named {entry.name!r} is already in flight on rank {self.rank}; "
-                f"names must be unique among pending operations")
+            raise self._in_flight(entry.name)
         self.entries[entry.name] = entry
 
     def add_all(self, entries: Sequence[Entry]) -> None:
@@ -254,11 +252,13 @@ class Pending:
             seen: set[str] = set()
             for entry in entries:
                 if entry.name in table or entry.name in seen:
-                    raise InvalidCallError(
-                        f"a tensor named {entry.name!r} is already in flight on rank "
-                        f"{self.rank}; names must be unique among pending operations")
+                    raise self._in_flight(entry.name)
                 seen.add(entry.name)
         table.update(new)
+
+    def _in_flight(self, name: str) -> InvalidCallError:
+        return InvalidCallError(f"a tensor named {name!r} is already in flight on rank "
+                                f"{self.rank}; names must be unique among pending operations")
 
     def take(self, names: Sequence[str]) -> list[Entry]:
         """Removes and returns the entries of ``names`` this rank has; the calling
