@@ -86,6 +86,33 @@ def _worker_on(host: str, script: str) -> int | None:
     return None
 
 
+def _workers_of(script: str) -> list[int]:
+    """The pids of the example's workers still running."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and script.encode() in (entry / "cmdline").read_bytes() \
+                    and b"horovodrun" not in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _wait_or_dump_stacks(proc: subprocess.Popen, timeout: float, script: str, log: Path) -> None:
+    """Waits for ``proc``; past ``timeout``, every worker still running prints its
+    threads' Python stacks (PYTHONFAULTHANDLER, on SIGABRT) into ``log``, and the
+    test fails with that log's end."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in _workers_of(script):
+            os.kill(pid, signal.SIGABRT)
+        time.sleep(3)
+        pytest.fail(f"horovodrun still running after {timeout} s; its workers' stacks:\n"
+                    + log.read_text()[-12000:])
+
+
 def test_elastic_keras_survives_kill_9_of_one_of_three_workers(tmp_path):
     script = "tensorflow2_keras_digits_elastic.py"
     hosts = tmp_path / "hosts.txt"
@@ -101,7 +128,7 @@ def test_elastic_keras_survives_kill_9_of_one_of_three_workers(tmp_path):
              str(ROOT / "examples" / script), "--epochs", "8", "--steps", "120"],
             stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
-                 "OMP_NUM_THREADS": "1", "HORA_START_TIMEOUT": "90"})
+                 "OMP_NUM_THREADS": "1", "HORA_START_TIMEOUT": "90", "PYTHONFAULTHANDLER": "1"})
     try:
         deadline = time.monotonic() + 150
         while "<stdout>:Epoch 3/" not in log.read_text():
@@ -110,7 +137,7 @@ def test_elastic_keras_survives_kill_9_of_one_of_three_workers(tmp_path):
         victim = _worker_on("127.0.0.4", script)
         assert victim is not None, log.read_text()[-3000:]
         os.kill(victim, signal.SIGKILL)
-        proc.wait(timeout=170)
+        _wait_or_dump_stacks(proc, 170, script, log)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -11,7 +11,9 @@ of the segment, and the views of both are kept).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -34,9 +36,17 @@ class _Spec:
         self.shape = tuple(tensor.shape)
 
 
-def _build(size: int, shared: bool) -> list[MeshBackend]:
+@pytest.fixture
+def shm_dir() -> Iterator[str]:
+    """A folder in /dev/shm for the test's segments, removed after it."""
+    folder = tempfile.mkdtemp(prefix="hora-mesh-round-", dir="/dev/shm")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _build(size: int, shared: bool, shm_dir: str) -> list[MeshBackend]:
     store = dist.HashStore()
-    prefix = os.path.join(tempfile.mkdtemp(prefix="hora-mesh-round-", dir="/dev/shm"), "seg")
+    prefix = os.path.join(shm_dir, "seg")
     meshes: list[MeshBackend | None] = [None] * size
 
     def make(rank: int) -> None:
@@ -88,8 +98,8 @@ SHAPES_1D = [((256,), torch.float32)] * 5
 @pytest.mark.parametrize("op", [ReduceKind.SUM, ReduceKind.MIN, ReduceKind.MAX,
                                 ReduceKind.PRODUCT])
 @pytest.mark.parametrize("size", [2, 3])
-def test_carried_rounds_reduce_in_rank_order_round_after_round(shared, shapes, op, size):
-    meshes = _build(size, shared)
+def test_carried_rounds_reduce_in_rank_order_round_after_round(shared, shapes, op, size, shm_dir):
+    meshes = _build(size, shared, shm_dir)
     try:
         for round_ in range(4):  # both halves of the segment, twice
             prescale = [1.0] * len(shapes) if round_ % 2 == 0 else \
@@ -129,11 +139,11 @@ def test_carried_rounds_reduce_in_rank_order_round_after_round(shared, shapes, o
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["sockets", "shared-memory"])
-def test_kept_views_go_when_the_transport_replaces_a_payload_buffer(shared):
+def test_kept_views_go_when_the_transport_replaces_a_payload_buffer(shared, shm_dir):
     """A payload larger than the buffers so far replaces them (a segment grows,
     ours and the peer's); the views kept of the old ones go with it, and the
     rounds stay exact."""
-    meshes = _build(2, shared)
+    meshes = _build(2, shared, shm_dir)
     try:
         versions = [mesh.transport.buffers_version for mesh in meshes]
         for numel in (1000, 1000, 600_000, 600_000):  # 4 KB, then 2.4 MB (past 1 MiB)
@@ -165,8 +175,8 @@ def _payload_buffers(mesh: MeshBackend) -> list[torch.Tensor]:
     return [transport._send, *transport._buffers.values()]
 
 
-def test_a_mesh_keeps_a_bounded_number_of_layouts():
-    meshes = _build(2, shared=False)
+def test_a_mesh_keeps_a_bounded_number_of_layouts(shm_dir):
+    meshes = _build(2, False, shm_dir)
     try:
         spec = _Spec(torch.zeros(4))
         mesh = meshes[0]
@@ -249,8 +259,8 @@ def test_placed_views_of_runs_with_empty_tensors_and_a_dtype_change():
     assert buf[40:64].view(torch.int64).tolist() == [5, 6, 7]
 
 
-def test_a_layout_is_flat_only_for_1d_tensors_of_one_dtype():
-    meshes = _build(2, shared=False)
+def test_a_layout_is_flat_only_for_1d_tensors_of_one_dtype(shm_dir):
+    meshes = _build(2, False, shm_dir)
     try:
         mesh = meshes[0]
         versions = iter(range(1, 100))  # a new cache version each: no kept layout
