@@ -26,7 +26,14 @@ _Callback: Any = tf.keras.callbacks.Callback
 
 
 class CommitStateCallback(_Callback):
-    """Commits the state every ``batches_per_commit`` batches (and at each epoch's end)."""
+    """Commits the state every ``batches_per_commit`` batches, counted from the start
+    of each ``fit``, and at each epoch's end.
+
+    Every rank must commit after the same batches: a commit ends with an
+    agreement among the ranks. After a reset, ranks may have failed at
+    different points of a step (one inside a commit, one in the next step's
+    allreduce), so each ``fit`` counts afresh, as Horovod's callback does.
+    """
 
     def __init__(self, state: Any, batches_per_commit: int = 1) -> None:
         super().__init__()
@@ -34,11 +41,17 @@ class CommitStateCallback(_Callback):
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
 
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.batches_remaining = self.batches_per_commit
+
     def on_batch_end(self, batch: int, logs: Any = None) -> None:
         self.batches_remaining -= 1
-        if self.batches_remaining == 0:
-            self.state.commit()
+        if self.batches_remaining <= 0:
             self.batches_remaining = self.batches_per_commit
+            self.state.commit()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.state.commit()
 
 
 class UpdateBatchStateCallback(_Callback):
