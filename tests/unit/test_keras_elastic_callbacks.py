@@ -75,8 +75,11 @@ class _Batch(tf.keras.callbacks.Callback):
         self.state.batch = batch + 1
 
 
-def _fit_twice(batches_per_commit: int, fail_at: int = 0, fail_after: int | None = None,
+def _commits_of_a_training(batches_per_commit: int, fail_at: int = 0, fail_after: int | None = None,
                epochs: int = 1) -> list[tuple[int, int]]:
+    """(fit call, batch) of each commit of a training under the retry loop: the
+    first fit fails at commit ``fail_at`` or in the step after batch
+    ``fail_after``; the loop then calls fit again with the same callbacks."""
     tf.keras.utils.set_random_seed(3)
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
@@ -95,7 +98,7 @@ def _fit_twice(batches_per_commit: int, fail_at: int = 0, fail_after: int | None
 
 @pytest.mark.parametrize("fail_at", [1, 2])
 def test_after_a_failed_commit_the_next_fit_commits_after_every_batch(fail_at):
-    committed = _fit_twice(batches_per_commit=1, fail_at=fail_at)
+    committed = _commits_of_a_training(batches_per_commit=1, fail_at=fail_at)
     # The first fit ended at the failed commit (batch fail_at); the second commits
     # after each of its batches, and again at the epoch's end.
     assert committed == [(1, b) for b in range(1, fail_at)] + \
@@ -104,7 +107,7 @@ def test_after_a_failed_commit_the_next_fit_commits_after_every_batch(fail_at):
 
 @pytest.mark.parametrize("fail_at", [1, 2])
 def test_with_batches_per_commit_the_next_fit_counts_from_its_first_batch(fail_at):
-    committed = _fit_twice(batches_per_commit=2, fail_at=fail_at)
+    committed = _commits_of_a_training(batches_per_commit=2, fail_at=fail_at)
     # A new fit counts batches from its own start, as every rank's does.
     assert committed == [(1, 2 * c) for c in range(1, fail_at)] + \
         [(2, 2), (2, 4), (2, 6), (2, STEPS)]
@@ -114,12 +117,12 @@ def test_a_fit_after_a_failed_step_counts_from_its_first_batch():
     # The first fit fails in its fourth step, one batch after a commit: the next
     # fit commits after its 2nd, 4th and 6th batches, as every rank's does
     # whatever batch each had failed at.
-    committed = _fit_twice(batches_per_commit=2, fail_after=3)
+    committed = _commits_of_a_training(batches_per_commit=2, fail_after=3)
     assert committed == [(1, 2), (2, 2), (2, 4), (2, 6), (2, STEPS)]
 
 
 def test_every_epoch_ends_with_a_commit():
     # 6 batches per epoch, a commit every 4 batches counted across epochs (after
     # the 4th, 8th and 12th) and one at each epoch's end, as in Horovod.
-    committed = _fit_twice(batches_per_commit=4, epochs=2)
+    committed = _commits_of_a_training(batches_per_commit=4, epochs=2)
     assert committed == [(1, 4), (1, 6), (1, 2), (1, 6), (1, 6)]
