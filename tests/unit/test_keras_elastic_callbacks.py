@@ -6,10 +6,10 @@ already left the agreement fails in the next step's allreduce instead. Both
 restore, re-join and call ``fit`` again with the same callbacks; from then on
 every rank must commit after the same batches, or the one that skips a commit
 waits in the next step's allreduce while its peer waits in the commit's
-agreement (seen under ``horovodrun`` with a worker killed: twice in 20 kills,
-the job hung). Real Keras ``fit`` and the real retry loop
-(``hora.elastic.run_fn``); the state's host-update agreement is replaced by a
-counter that can fail, since there is no peer here.
+agreement (seen under ``horovodrun`` with a worker killed: twice in 30
+kills made just after an epoch began, the job hung). Real Keras ``fit`` and
+the real retry loop (``hora.elastic.run_fn``); the state's host-update
+agreement is replaced by a counter that can fail, since there is no peer here.
 """
 
 from __future__ import annotations
