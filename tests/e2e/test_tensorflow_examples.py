@@ -6,6 +6,7 @@ Skipped, saying so, when TensorFlow (or tf-keras for the legacy walk-through) is
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -71,32 +72,27 @@ def test_gradient_tape_loop(tmp_path):
     check_ranks(proc)
 
 
-def _worker_on(host: str, script: str) -> int | None:
-    """The pid of the example's worker on ``host`` (its HOROVOD_HOSTNAME), if running."""
+def _workers_of(script: str) -> dict[int, list[bytes]]:
+    """The example's workers still running: pid -> its environment's entries."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes().split(b"\0")
+            if script.encode() in cmdline and b"horovodrun" not in cmdline:
+                found[int(entry.name)] = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if script.encode() in cmdline and f"HOROVOD_HOSTNAME={host}".encode() in environ:
-            return int(entry.name)
+    return found
+
+
+def _worker_on(host: str, script: str) -> int | None:
+    """The pid of the example's worker on ``host`` (its HOROVOD_HOSTNAME), if running."""
+    for pid, environ in _workers_of(script).items():
+        if f"HOROVOD_HOSTNAME={host}".encode() in environ:
+            return pid
     return None
-
-
-def _workers_of(script: str) -> list[int]:
-    """The pids of the example's workers still running."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and script.encode() in (entry / "cmdline").read_bytes() \
-                    and b"horovodrun" not in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
 
 
 def _wait_or_dump_stacks(proc: subprocess.Popen, timeout: float, script: str, log: Path) -> None:
@@ -107,7 +103,8 @@ def _wait_or_dump_stacks(proc: subprocess.Popen, timeout: float, script: str, lo
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         for pid in _workers_of(script):
-            os.kill(pid, signal.SIGABRT)
+            with contextlib.suppress(ProcessLookupError):  # (it ended meanwhile)
+                os.kill(pid, signal.SIGABRT)
         time.sleep(3)
         pytest.fail(f"horovodrun still running after {timeout} s; its workers' stacks:\n"
                     + log.read_text()[-12000:])

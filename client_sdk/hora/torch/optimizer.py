@@ -47,8 +47,6 @@ __all__ = ["DistributedOptimizer"]
 HANDOVER_BYTES = 4 << 20
 
 
-
-
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer`.
 
