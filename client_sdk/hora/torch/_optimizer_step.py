@@ -1,5 +1,5 @@
-"""A DistributedOptimizer's bookkeeping of one step: each parameter's slot and
-the allreduces in flight (see :mod:`.optimizer`)."""
+"""A DistributedOptimizer's bookkeeping of one step: each parameter's slot, the
+allreduces in flight, and the allgathers of sparse gradients (see :mod:`.optimizer`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["_HANDED_OVER", "_Pending", "_Slot"]
+from ..world import ProcessSet, synchronize
+from .mpi_ops import allgather_async
+
+__all__ = ["_HANDED_OVER", "_Pending", "_Slot", "_complete_sparse", "_gather_sparse"]
 
 
 class _Pending:
@@ -43,3 +46,33 @@ class _Slot:
 
 # What a slot's ``pending`` holds from its hook to the submission of its batch.
 _HANDED_OVER = _Pending([], None, [], [])
+
+
+def _gather_sparse(p: torch.Tensor, name: str, process_set: ProcessSet) -> _Pending:
+    """Starts gathering every rank's nonzeros of ``p``'s sparse gradient: they
+    differ from rank to rank, so indices and values are gathered instead of a
+    dense tensor reduced."""
+    if p.grad is None:
+        # Unused in this pass: no rows to contribute, the same calls as the others.
+        p.grad = torch.sparse_coo_tensor(
+            torch.empty(1, 0, dtype=torch.int64, device=p.device),
+            p.new_empty(0, *p.shape[1:]), p.shape, check_invariants=False)
+    grad = p.grad.coalesce()
+    # Horovod's names: the allgathers of <parameter>.values and .indices.
+    values = allgather_async(grad._values(), name=f"{name}.values", process_set=process_set)
+    indices = allgather_async(grad._indices().t().contiguous(), name=f"{name}.indices",
+                              process_set=process_set)
+    return _Pending([p], (values, indices), [None], [], sparse=True)
+
+
+def _complete_sparse(pending: _Pending, average: bool, set_size: int) -> None:
+    """Waits for a sparse gradient's allgathers and makes it the ranks' sum
+    (or average) again."""
+    p = pending.params[0]
+    values = synchronize(pending.handle[0])
+    indices = synchronize(pending.handle[1])
+    if average:
+        values = values / set_size
+    assert p.grad is not None
+    p.grad = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape,
+                                     check_invariants=False).coalesce()

@@ -13,10 +13,12 @@ import torch
 from .. import _runtime
 from ..engine import Handle
 from ..engine.telemetry import TELEMETRY
+from ..errors import HoraError
 from ..world import wait
 from ._adasum_optimizer import _DistributedAdasumOptimizer
 from ._collectives import allreduce_gradient_async_, allreduce_gradients_async_
-from ._optimizer_step import _HANDED_OVER, _Pending, _Slot
+from ._fused import _FusedGradients
+from ._optimizer_step import _HANDED_OVER, _complete_sparse, _gather_sparse, _Pending, _Slot
 from ._parameters import _parameter_groups, _parameter_names
 from ._submission import _Group
 from .compression import Compression
@@ -26,7 +28,6 @@ from .mpi_ops import (
     ProcessSet,
     ReduceOp,
     Sum,
-    allgather_async,
     global_process_set,
     grouped_allreduce_async_,
     synchronize,
@@ -91,6 +92,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                       for gi, members in enumerate(self._groups) for p in members}
         self._group_slots = [[self._slot[p] for p in members] for members in self._groups]
         self._ready: dict[int, set[_Slot]] = {}  # group -> its gradients ready so far
+        # A small model's gradients, allreduced as one from each world's second step on.
+        self._fused = _FusedGradients.plan(self._groups, self._names, HANDOVER_BYTES,
+                                           compression, isinstance(self, torch.optim.SparseAdam))
         # The allreduces in flight this step, in the order they started.
         self._pending: list[_Pending] = []
         # Gradients the hooks noted and not submitted yet, in order, and their bytes.
@@ -220,21 +224,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._slot[p].pending = pending
 
     def _submit_sparse(self, p: torch.Tensor) -> None:
-        # Sparse gradients have different nonzeros on every rank: gather
-        # everyone's indices and values instead of reducing a dense tensor.
-        if p.grad is None:
-            # Unused in this pass: no rows to contribute, the same calls as the others.
-            p.grad = torch.sparse_coo_tensor(
-                torch.empty(1, 0, dtype=torch.int64, device=p.device),
-                p.new_empty(0, *p.shape[1:]), p.shape, check_invariants=False)
-        grad = p.grad.coalesce()
-        # Horovod's names: the allgathers of <parameter>.values and .indices.
-        name = self._names[p]
-        values = allgather_async(grad._values(), name=f"{name}.values",
-                                 process_set=self._process_set)
-        indices = allgather_async(grad._indices().t().contiguous(), name=f"{name}.indices",
-                                  process_set=self._process_set)
-        pending = _Pending([p], (values, indices), [None], [], sparse=True)
+        pending = _gather_sparse(p, self._names[p], self._process_set)
         self._pending.append(pending)
         self._slot[p].pending = pending
 
@@ -319,11 +309,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # -- completing -------------------------------------------------------------
 
     def synchronize(self) -> None:
-        """Waits for every gradient allreduce of this step and writes the results back."""
+        """Waits for every gradient allreduce of this step and writes the results back.
+
+        When one fails (an invalid call, ranks that disagree), the others are
+        waited out all the same, so that their names leave the engine, and the
+        step is forgotten: the error goes up, and the next step starts clean.
+        """
         self._drop_stale_step()
-        if self._handed:
+        try:
+            self._synchronize()
+        except HoraError:
+            for pending in self._pending:
+                with contextlib.suppress(HoraError):
+                    self._complete(pending)
+            self._reset_step()
+            raise
+        self._reset_step()
+        self._synchronized = True
+
+    def _synchronize(self) -> None:
+        several = self._process_set.size() > 1
+        fused = several and self._submit_fused()
+        if self._handed and not fused:
             self._submit_handed()
-        if self._process_set.size() > 1:
+        if several and not fused:
             self._begin_step()
             for gi, slots in enumerate(self._group_slots):
                 if not any(slot.pending is not None for slot in slots):
@@ -333,19 +342,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # have started allreduces, which are waited for, not left behind.
         for pending in self._pending:
             self._complete(pending)
-        self._reset_step()
-        self._synchronized = True
+        if several and self._fused is not None and not self._sparse:
+            self._fused.checked(self._step_runtime, one_by_one=not fused)
+
+    def _submit_fused(self) -> bool:
+        """Submits every gradient as one allreduce (:mod:`._fused`) when this
+        optimizer qualifies and its world's first step has been checked
+        gradient by gradient; False, with nothing submitted, otherwise."""
+        fused = self._fused
+        if fused is None or fused.flat is None or self._sparse or self._pending:
+            return False
+        self._begin_step()
+        if fused.validated is not self._step_runtime:
+            return False
+        grads, problem = fused.gradients(self._dense_grad)
+        if grads is None:
+            return False  # a sparse gradient: the step goes gradient by gradient
+        pre, post = self._scales()
+        handle = fused.start(grads, problem, self._op, pre, post, self._process_set)
+        self._pending.append(_Pending(fused.params, handle, fused.no_contexts, grads))
+        return True
 
     def _complete(self, pending: _Pending) -> None:
         if pending.sparse:
-            p = pending.params[0]
-            values = synchronize(pending.handle[0])
-            indices = synchronize(pending.handle[1])
-            if self._op == Average:
-                values = values / self._process_set.size()
-            assert p.grad is not None
-            p.grad = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape,
-                                             check_invariants=False).coalesce()
+            _complete_sparse(pending, self._op == Average, self._process_set.size())
             return
         handle = pending.handle
         outputs = wait(handle) if isinstance(handle, Handle) else synchronize(handle)

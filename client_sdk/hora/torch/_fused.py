@@ -1,0 +1,180 @@
+"""A DistributedOptimizer's gradients as one allreduce, when the model is small.
+
+A model of a few hundred small parameters (a ResNet's batch norms, a BERT's
+biases, an MLP's layers) spends more on the per-tensor path than on its
+bytes: each gradient is its own entry, name, handle, cache slot and view
+in the fusion buffer. When every gradient of a step is handed to the engine
+at ``synchronize()`` anyway (they total less than the hand-over threshold,
+so no allreduce starts during the backward pass), the optimizer copies
+them into one flat buffer of its own, allreduces that under one name and
+copies the results back: one entry instead of hundreds, and the same bits,
+since a reduction is element-wise and fusion never changed the order of a
+sum.
+
+The first step of each world goes gradient by gradient, so that the
+coordinator checks every gradient's name, dtype and shape across ranks and
+a mismatch fails with the gradient's own name (Horovod's errors); the
+steps after it in that world are fused. Every rank decides the same way:
+the eligibility depends on the model alone, and a world's ranks run its
+first step together (after an elastic reset too, when every rank starts a
+new world). A divergence after that (a parameter replaced on one rank)
+changes the flat buffer's length there, and every rank gets a
+TensorMismatchError for the fused allreduce.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._ops import ReduceOp
+from ..engine import Handle
+from ..world import ProcessSet, check_process_set
+from ._collectives import _allreduce_entry
+from ._submission import _enqueue
+from ._validation import _reduction_problem
+from .compression import Compression
+
+__all__ = ["_FusedGradients"]
+
+
+class _FusedGradients:
+    """The flat buffer of an optimizer's dense gradients, in parameter order.
+
+    Attributes:
+        params: every parameter the optimizer reduces, in its parameter order
+            (the same on every rank).
+        name: the fused allreduce's name.
+        validated: the world whose last step succeeded, the steps after it in
+            that world are fused; None before one, and from the start of a
+            fused step until it succeeds (a failed step is followed by one that
+            checks every gradient again).
+        flat: the wire tensor, every gradient cast to the compression's dtype,
+            back to back (None while the parameters do not qualify).
+    """
+
+    __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_dtype",
+                 "_shapes", "_names", "_limit", "_compression")
+
+    def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
+                 compression: Any) -> None:
+        self.params = params
+        self.name = f"allreduce.fused.{len(params)}.{names[0]}"
+        self._names = names
+        self.validated: Any = None
+        self._limit = limit_bytes
+        self._compression = compression
+        #: What the compression hands back for each gradient to decompress: nothing.
+        self.no_contexts = [None] * len(params)
+        self.flat: torch.Tensor | None = None
+        self._views: list[torch.Tensor] = []  # of ``flat``, shaped as each parameter
+        self._fit()
+
+    @classmethod
+    def plan(cls, groups: list[list[torch.Tensor]], names: dict[torch.Tensor, str],
+             limit_bytes: int, compression: Any, sparse_optimizer: bool
+             ) -> _FusedGradients | None:
+        """The fused gradients of an optimizer with these groups, or None when it
+        does not qualify: parameters reduced in groups of the user's choosing, a
+        single parameter, parameters of several dtypes or devices, a compression
+        other than none, fp16 or bf16, or gradients that reach ``limit_bytes``
+        (the hooks start those while backward runs)."""
+        if sparse_optimizer or len(groups) < 2 or any(len(g) != 1 for g in groups):
+            return None
+        params = [g[0] for g in groups]
+        fused = cls(params, [names[p] for p in params], limit_bytes, compression)
+        return fused if fused.flat is not None else None
+
+    def _fit(self) -> None:
+        """Sizes the flat buffer for the parameters as they are now."""
+        params, first = self.params, self.params[0]
+        self._dtype = first.dtype
+        self._shapes = [p.shape for p in params]
+        wire = _wire_dtype(self._compression, first.dtype)
+        self.flat, self._views = None, []
+        if wire is None or any(p.dtype != first.dtype or p.device != first.device
+                               for p in params):
+            return
+        numels = [p.numel() for p in params]
+        if sum(numels) * first.element_size() >= self._limit:
+            return
+        self.flat = torch.empty(sum(numels), dtype=wire, device=first.device)
+        self._views = [v.view(p.shape) for v, p in
+                       zip(self.flat.split(numels), params, strict=True)]
+
+    def checked(self, world: Any, one_by_one: bool) -> None:
+        """A step of ``world`` succeeded: the next ones are fused. After a step
+        that went gradient by gradient, the buffer is refitted first when a
+        parameter changed its shape, dtype or device since it was sized (the
+        parameters may then no longer qualify: no step is fused again)."""
+        flat = self.flat
+        if flat is None:
+            return
+        if one_by_one and any(p.shape != shape or p.dtype != self._dtype
+                              or p.device != flat.device
+                              for p, shape in zip(self.params, self._shapes, strict=True)):
+            self._fit()
+        self.validated = world if self.flat is not None else None
+
+    def gradients(self, dense: Callable[[torch.Tensor], torch.Tensor]
+                  ) -> tuple[list[torch.Tensor] | None, str | None]:
+        """Every parameter's gradient, ``dense(p)`` for one that has none (the
+        optimizer's zeros), or None when one is sparse; and what is wrong when
+        one no longer has the shape or dtype the buffer was sized for."""
+        grads: list[torch.Tensor] = []
+        problem = None
+        dtype = self._dtype
+        for p, shape in zip(self.params, self._shapes, strict=True):
+            grad = p.grad
+            if grad is None:
+                grad = dense(p)
+            elif grad.is_sparse:
+                return None, None
+            if (grad.shape != shape or grad.dtype != dtype) and problem is None:
+                problem = (f"the gradient of {self._names[len(grads)]!r} is {grad.dtype} "
+                           f"{list(grad.shape)}, where its parameter was {dtype} "
+                           f"{list(shape)} when the optimizer last checked it")
+            grads.append(grad)
+        return grads, problem
+
+    def start(self, grads: list[torch.Tensor], problem: str | None, op: ReduceOp, pre: float,
+              post: float, process_set: ProcessSet) -> Handle:
+        """Copies ``grads`` into the flat buffer, cast as the compression casts
+        them, and starts its allreduce, which copies the results back into
+        ``grads`` (cast back) before its handle completes with ``grads``. The
+        caller waits on it at once.
+
+        A ``problem`` (a gradient that no longer fits: its parameter changed on
+        this rank) makes the call invalid: every rank gets the InvalidCallError,
+        and the next step checks every gradient again.
+        """
+        flat = self.flat
+        assert flat is not None
+        self.validated = None  # until the step succeeds
+        if problem is None:
+            torch._foreach_copy_(self._views, grads)
+            problem = _reduction_problem(flat, op, pre, post, "allreduce")
+        set_id = check_process_set(process_set)
+        entry = _allreduce_entry(flat, self.name, op, pre, post, set_id, waited=True)
+        entry.result = functools.partial(self._copy_out, grads)
+        return _enqueue(entry, problem)
+
+    def _copy_out(self, grads: list[torch.Tensor], _reduced: torch.Tensor
+                  ) -> list[torch.Tensor]:
+        torch._foreach_copy_(grads, self._views)
+        return grads
+
+
+def _wire_dtype(compression: Any, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype ``compression`` sends gradients of ``dtype`` as, for the built-in
+    compressions (stateless, and the same cast for every gradient); None for
+    any other."""
+    if compression is Compression.none:
+        return dtype
+    if compression in (Compression.fp16, Compression.bf16):
+        wire = compression.wire_dtype
+        return wire if dtype.is_floating_point else dtype
+    return None

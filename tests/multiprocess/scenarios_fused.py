@@ -1,0 +1,118 @@
+"""A small model's gradients allreduced as one (hora/torch/_fused.py), run inside
+worker processes (see tests/support/workers.py): every step's gradients against
+the same gradients allreduced one by one, and the invalid calls around it."""
+
+from __future__ import annotations
+
+import torch
+
+import hora.torch as hvd
+from hora.errors import InvalidCallError, TensorMismatchError
+
+
+class Net(torch.nn.Module):
+    """Three layers and two parameters of their own: ``extra`` only rank 0 uses
+    (in the variant that says so), ``scale`` a vector whose shape a rank may change."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(),
+                                          torch.nn.Linear(5, 4), torch.nn.Tanh(),
+                                          torch.nn.Linear(4, 2)).to(dtype)
+        self.extra = torch.nn.Parameter(torch.ones(2, dtype=dtype))
+        self.scale = torch.nn.Parameter(torch.full((2,), 0.5, dtype=dtype))
+
+    def forward(self, x: torch.Tensor, use_extra: bool) -> torch.Tensor:
+        y = self.layers(x) * self.scale
+        return y * self.extra if use_extra else y
+
+
+def _batch(step: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1000 * step + hvd.rank())
+    return torch.randn(4, 3, generator=gen).to(dtype)
+
+
+def _expected(model: Net, step: int, wire: torch.dtype | None, pset) -> list[torch.Tensor]:
+    """This step's gradients allreduced one by one, as the optimizer's first step
+    does (an unused parameter contributes zeros)."""
+    out = []
+    for i, p in enumerate(model.parameters()):
+        local = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+        sent = local.to(wire) if wire is not None else local
+        got = hvd.allreduce(sent, name=f"reference.{step}.{i}", process_set=pset)
+        out.append(got.to(p.dtype))
+    return out
+
+
+def fused_steps(variant: str, steps: int = 5):
+    """Trains ``steps`` steps; for each, whether every gradient after synchronize()
+    equals the one-by-one reference bit for bit, and the final parameters."""
+    torch.manual_seed(0)
+    dtype = torch.float64 if variant == "float64" else torch.float32
+    model = Net(dtype)
+    kwargs = {"named_parameters": model.named_parameters()}
+    wire = None
+    if variant == "fp16":
+        kwargs["compression"] = hvd.Compression.fp16
+        wire = torch.float16
+    elif variant == "accumulate":
+        kwargs["backward_passes_per_step"] = 2
+    pset = hvd.global_process_set
+    if variant == "process_set":  # in a world of 3
+        pset = hvd.add_process_set([0, 2])
+        if hvd.rank() == 1:
+            return None
+        kwargs["process_set"] = pset
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+    equal = []
+    for step in range(steps):
+        opt.zero_grad()
+        passes = 2 if variant == "accumulate" else 1
+        for k in range(passes):
+            use_extra = hvd.rank() == 0 if variant == "unused_on_one_rank" else True
+            model(_batch(10 * step + k, dtype), use_extra).pow(2).sum().backward()
+        expected = _expected(model, step, wire, pset)
+        opt.synchronize()
+        equal.append(all(torch.equal(p.grad, e) for p, e in
+                         zip(model.parameters(), expected, strict=True)))
+        with opt.skip_synchronize():
+            opt.step()
+    # The last steps went fused: the world's first step checked every gradient.
+    fused = opt._fused is not None and opt._fused.validated is not None
+    return {"equal": equal, "fused": fused,
+            "params": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def fused_misfit():
+    """A parameter that changes shape on one rank after the fused steps began:
+    every rank gets the error, then the next step checks each gradient (the
+    coordinator's mismatch, naming the parameter), and once the shape is back
+    the steps go on, fused again."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    out: dict = {"errors": []}
+
+    def step(n: int) -> None:
+        opt.zero_grad()
+        model(_batch(n), True).pow(2).sum().backward()
+        try:
+            opt.step()
+            out["errors"].append(None)
+        except (InvalidCallError, TensorMismatchError) as exc:
+            out["errors"].append(f"{type(exc).__name__}: {exc}")
+
+    step(0)  # checked one by one
+    step(1)  # fused
+    kept = model.scale.data
+    if hvd.rank() == 1:
+        model.scale.data = torch.full((1,), 0.5)  # broadcasts in forward: the step runs
+    step(2)  # fused: invalid on rank 1, an error on both
+    step(3)  # one by one: the coordinator's mismatch for 'scale'
+    model.scale.data = kept
+    step(4)  # one by one again, and fine
+    step(5)  # fused
+    out["after"] = hvd.allreduce(torch.ones(2), name="after.misfit", op=hvd.Sum).tolist()
+    out["params"] = {k: v.clone() for k, v in model.state_dict().items()}
+    return out

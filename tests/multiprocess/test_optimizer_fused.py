@@ -1,0 +1,56 @@
+"""A small model's gradients go as one allreduce from each world's second step on
+(hora/torch/_fused.py): the same bits as one by one, on every variant the
+optimizer takes, and the errors of one by one when a rank's parameters change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.workers import run_workers
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
+
+SCENARIOS = Path(__file__).with_name("scenarios_fused.py")
+
+
+@pytest.mark.parametrize("variant", ["plain", "fp16", "accumulate", "unused_on_one_rank",
+                                     "process_set", "float64"])
+def test_fused_steps_equal_one_by_one(shared_coordinator, variant):
+    size = 3 if variant == "process_set" else 2  # the set of ranks 0 and 2
+    results = [r.value for r in run_workers(shared_coordinator, size, SCENARIOS, "fused_steps",
+                                            (variant,)) if r.value is not None]
+    assert len(results) == 2
+    for value in results:
+        assert value["equal"] == [True] * 5, value["equal"]
+        assert value["fused"]
+    for key, tensor in results[0]["params"].items():
+        assert torch.equal(tensor, results[1]["params"][key]), key
+
+
+def test_the_timeline_shows_the_first_step_one_by_one_then_fused(shared_coordinator, tmp_path):
+    timeline = tmp_path / "timeline.json"
+    run_workers(shared_coordinator, 2, SCENARIOS, "fused_steps", ("plain",),
+                env={"HORA_TIMELINE": str(timeline)})
+    rows = {e["args"]["name"] for e in json.loads(timeline.read_text())
+            if e.get("name") == "thread_name"}
+    assert "allreduce.layers.0.weight" in rows, sorted(rows)
+    assert "allreduce.fused.8.extra" in rows, sorted(rows)  # named after the first
+
+
+def test_a_parameter_that_changes_on_one_rank_fails_every_rank_then_steps_go_on(
+        shared_coordinator):
+    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS, "fused_misfit")]
+    for out in results:
+        errors = out["errors"]
+        assert errors[:2] == [None, None], errors
+        assert errors[2].startswith("InvalidCallError") and "'scale'" in errors[2], errors
+        assert "[1]" in errors[2] and "[2]" in errors[2], errors
+        assert errors[3].startswith("TensorMismatchError") and "scale" in errors[3], errors
+        assert errors[4:] == [None, None], errors
+        assert out["after"] == [2.0, 2.0]
+    for key, tensor in results[0]["params"].items():
+        assert torch.equal(tensor, results[1]["params"][key]), key
