@@ -57,6 +57,8 @@ def fused_steps(variant: str, steps: int = 5):
         wire = torch.float16
     elif variant == "accumulate":
         kwargs["backward_passes_per_step"] = 2
+    elif variant == "one_group":
+        kwargs["groups"] = 1
     pset = hvd.global_process_set
     if variant == "process_set":  # in a world of 3
         pset = hvd.add_process_set([0, 2])

@@ -18,7 +18,7 @@ SCENARIOS = Path(__file__).with_name("scenarios_fused.py")
 
 
 @pytest.mark.parametrize("variant", ["plain", "fp16", "accumulate", "unused_on_one_rank",
-                                     "process_set", "float64"])
+                                     "process_set", "float64", "one_group"])
 def test_fused_steps_equal_one_by_one(shared_coordinator, variant):
     size = 3 if variant == "process_set" else 2  # the set of ranks 0 and 2
     results = [r.value for r in run_workers(shared_coordinator, size, SCENARIOS, "fused_steps",

@@ -78,13 +78,20 @@ class _FusedGradients:
              limit_bytes: int, compression: Any, sparse_optimizer: bool
              ) -> _FusedGradients | None:
         """The fused gradients of an optimizer with these groups, or None when it
-        does not qualify: parameters reduced in groups of the user's choosing, a
-        single parameter, parameters of several dtypes or devices, a compression
+        does not qualify: parameters reduced in several groups of the user's
+        choosing (one group of them all qualifies), a single parameter, parameters of several dtypes or devices, a compression
         other than none, fp16 or bf16, or gradients that reach ``limit_bytes``
         (the hooks start those while backward runs)."""
-        if sparse_optimizer or len(groups) < 2 or any(len(g) != 1 for g in groups):
+        if sparse_optimizer:
             return None
-        params = [g[0] for g in groups]
+        if len(groups) == 1:  # one group of every parameter (Lightning's on CPU)
+            params = list(groups[0])
+        elif all(len(g) == 1 for g in groups):
+            params = [g[0] for g in groups]
+        else:
+            return None
+        if len(params) < 2:
+            return None
         fused = cls(params, [names[p] for p in params], limit_bytes, compression)
         return fused if fused.flat is not None else None
 

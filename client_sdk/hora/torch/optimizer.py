@@ -18,7 +18,14 @@ from ..world import wait
 from ._adasum_optimizer import _DistributedAdasumOptimizer
 from ._collectives import allreduce_gradient_async_, allreduce_gradients_async_
 from ._fused import _FusedGradients
-from ._optimizer_step import _HANDED_OVER, _complete_sparse, _gather_sparse, _Pending, _Slot
+from ._optimizer_step import (
+    _HANDED_OVER,
+    HANDOVER_BYTES,
+    _complete_sparse,
+    _gather_sparse,
+    _Pending,
+    _Slot,
+)
 from ._parameters import _parameter_groups, _parameter_names
 from ._submission import _Group
 from .compression import Compression
@@ -33,19 +40,7 @@ from .mpi_ops import (
     synchronize,
 )
 
-__all__ = ["DistributedOptimizer"]
-
-# The gradient hooks hand the engine their gradients in batches: a hook
-# notes its gradient, and once the noted gradients hold HANDOVER_BYTES they
-# are submitted together (what is left, at synchronize()). One submission
-# between two layers' backward kernels found the interpreter cold and cost
-# about 45 µs on the 2-core machine of bench/README.md, against about 10 in a
-# batch; and fewer, larger bursts of submissions leave the engine's
-# background rounds fewer chances to run beside the backward pass. A model's
-# gradients still start while backward runs, every HANDOVER_BYTES. A batch
-# reaches the engine in one call (one lock round, and one wait at
-# synchronize()), each gradient still its own allreduce under its own name.
-HANDOVER_BYTES = 4 << 20
+__all__ = ["DistributedOptimizer", "HANDOVER_BYTES"]
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -253,6 +248,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ready.add(slot)
         if len(ready) == len(members):
             del self._ready[gi]
+            if self._fuses():
+                # The group is every gradient, and synchronize() sends them as one.
+                slots = self._group_slots[gi]
+                for member in slots:
+                    member.pending = _HANDED_OVER
+                self._handed.extend(slots)
+                return
             self._submit(list(members))
 
     def _submit_handed(self) -> None:
@@ -345,16 +347,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if several and self._fused is not None and not self._sparse:
             self._fused.checked(self._step_runtime, one_by_one=not fused)
 
+    def _fuses(self) -> bool:
+        """Whether this step's gradients go as one allreduce (:mod:`._fused`):
+        the optimizer qualifies, and its world's first step checked them one by one."""
+        fused = self._fused
+        return (fused is not None and fused.flat is not None and not self._sparse
+                and fused.validated is self._step_runtime)
+
     def _submit_fused(self) -> bool:
         """Submits every gradient as one allreduce (:mod:`._fused`) when this
         optimizer qualifies and its world's first step has been checked
         gradient by gradient; False, with nothing submitted, otherwise."""
-        fused = self._fused
-        if fused is None or fused.flat is None or self._sparse or self._pending:
-            return False
         self._begin_step()
-        if fused.validated is not self._step_runtime:
+        fused = self._fused
+        if self._pending or not self._fuses():
             return False
+        assert fused is not None
         grads, problem = fused.gradients(self._dense_grad)
         if grads is None:
             return False  # a sparse gradient: the step goes gradient by gradient
