@@ -325,6 +325,14 @@ def _lookup(handle: int) -> Handle:
     return found
 
 
+def take(handle: int) -> Handle:
+    """The engine handle behind the integer ``handle``, which is released: the
+    caller waits on the object (:func:`wait`) instead."""
+    found = _lookup(handle)
+    _handles.release(handle)
+    return found
+
+
 def poll(handle: int | CallableHandle) -> bool:
     """True when the collective behind ``handle`` has finished (or failed)."""
     if isinstance(handle, CallableHandle):

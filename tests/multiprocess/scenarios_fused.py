@@ -118,3 +118,33 @@ def fused_misfit():
     out["after"] = hvd.allreduce(torch.ones(2), name="after.misfit", op=hvd.Sum).tolist()
     out["params"] = {k: v.clone() for k, v in model.state_dict().items()}
     return out
+
+
+def fused_after_join():
+    """Rank 0 has no batches in the first epoch and joins at once, while rank 1
+    checks its first step one by one and then steps fused; after the join
+    completes, both must take the same path in the next epoch (one by one
+    first, then fused), or each waits for names the other never sends. (Their
+    parameters differ by then: rank 0 did not step while it had joined.)"""
+    torch.manual_seed(0)
+    model = Net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    batches = {0: 0, 1: 3}[hvd.rank()]
+    for n in range(batches):
+        opt.zero_grad()
+        model(_batch(n), True).pow(2).sum().backward()
+        opt.step()
+    last = hvd.join()
+    equal = []
+    for n in range(3):
+        opt.zero_grad()
+        model(_batch(100 + n), True).pow(2).sum().backward()
+        expected = _expected(model, 100 + n, None, hvd.global_process_set)
+        opt.synchronize()
+        equal.append(all(torch.equal(p.grad, e) for p, e in
+                         zip(model.parameters(), expected, strict=True)))
+        with opt.skip_synchronize():
+            opt.step()
+    fused = opt._fused is not None and opt._fused.validated is not None
+    return {"last": last, "fused": fused, "equal": equal}

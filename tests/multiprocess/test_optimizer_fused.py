@@ -54,3 +54,12 @@ def test_a_parameter_that_changes_on_one_rank_fails_every_rank_then_steps_go_on(
         assert out["after"] == [2.0, 2.0]
     for key, tensor in results[0]["params"].items():
         assert torch.equal(tensor, results[1]["params"][key]), key
+
+
+def test_a_join_sends_every_rank_back_to_checking_one_by_one(shared_coordinator):
+    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS,
+                                            "fused_after_join", timeout=60)]
+    assert [out["last"] for out in results] == [1, 1]
+    for out in results:
+        assert out["equal"] == [True] * 3, out
+        assert out["fused"]

@@ -86,6 +86,9 @@ class Agreement:
         self._invalid_slots: set[int] = set()
         self._join: Entry | None = None
         self._join_announced = False
+        # Joins completed in this world: every rank counts each at the same
+        # round (a DistributedOptimizer checks its gradients again after one).
+        self.joins = 0
         # Coordinator lists waiting for a round, and how many came and ran.
         self._lists: collections.deque[ResponseList] = collections.deque()
         self._received = 0
@@ -442,6 +445,7 @@ class Agreement:
             join, self._join = self._join, None
             if join is not None:
                 self._pending.entries.pop(join.name, None)
+            self.joins += 1
         if join is not None:
             self._executor.finish(join, response.last_joined_rank)
         self._set_cache(True)

@@ -1,25 +1,30 @@
 """A DistributedOptimizer's gradients as one allreduce, when the model is small.
 
-A model of a few hundred small parameters (a ResNet's batch norms, a BERT's
-biases, an MLP's layers) spends more on the per-tensor path than on its
-bytes: each gradient is its own entry, name, handle, cache slot and view
-in the fusion buffer. When every gradient of a step is handed to the engine
-at ``synchronize()`` anyway (they total less than the hand-over threshold,
-so no allreduce starts during the backward pass), the optimizer copies
-them into one flat buffer of its own, allreduces that under one name and
-copies the results back: one entry instead of hundreds, and the same bits,
-since a reduction is element-wise and fusion never changed the order of a
-sum.
+A model of many small parameters whose gradients total a few MiB (section
+2c of bench/README.md: 400 of 16 KiB or 256 B) spends more on the
+per-tensor path than on its bytes: each gradient is its own entry, name,
+handle, cache slot and view in the fusion buffer. When every gradient of a
+step is handed to the engine at ``synchronize()`` anyway (they total less
+than the hand-over threshold, so no allreduce starts during the backward
+pass), the optimizer copies them into one flat buffer of its own,
+allreduces that under one name and copies the results back: one entry
+instead of hundreds. Where the reduction adds each element in rank order
+(the mesh on one machine, any 2 ranks) the bits are those of one allreduce
+per gradient; a Gloo ring's order depends on an element's place in the
+buffer, as it did when the engine fused the gradients itself.
 
 The first step of each world goes gradient by gradient, so that the
 coordinator checks every gradient's name, dtype and shape across ranks and
 a mismatch fails with the gradient's own name (Horovod's errors); the
 steps after it in that world are fused. Every rank decides the same way:
-the eligibility depends on the model alone, and a world's ranks run its
-first step together (after an elastic reset too, when every rank starts a
-new world). A divergence after that (a parameter replaced on one rank)
-changes the flat buffer's length there, and every rank gets a
-TensorMismatchError for the fused allreduce.
+the eligibility depends on the model alone, a world's ranks run its first
+step together (after an elastic reset too, when every rank starts a new
+world), and a completed join starts the checking over (a rank that joined
+early skipped the steps its peers checked). A parameter that changes shape
+or dtype after that makes the fused call invalid: every rank gets the
+InvalidCallError, and the next step checks every gradient again, refitting
+the buffer (so a change made on every rank alike, ``model.half()`` after
+training began, costs that one step).
 """
 
 from __future__ import annotations
@@ -48,10 +53,10 @@ class _FusedGradients:
         params: every parameter the optimizer reduces, in its parameter order
             (the same on every rank).
         name: the fused allreduce's name.
-        validated: the world whose last step succeeded, the steps after it in
-            that world are fused; None before one, and from the start of a
-            fused step until it succeeds (a failed step is followed by one that
-            checks every gradient again).
+        validated: the world (and its count of completed joins) whose last
+            step succeeded: the steps after it in that world are fused. None
+            before one, and from the start of a fused step until it succeeds
+            (a failed step is followed by one that checks every gradient again).
         flat: the wire tensor, every gradient cast to the compression's dtype,
             back to back (None while the parameters do not qualify).
     """
@@ -75,14 +80,15 @@ class _FusedGradients:
 
     @classmethod
     def plan(cls, groups: list[list[torch.Tensor]], names: dict[torch.Tensor, str],
-             limit_bytes: int, compression: Any, sparse_optimizer: bool
-             ) -> _FusedGradients | None:
+             limit_bytes: int, compression: Any, sparse: bool) -> _FusedGradients | None:
         """The fused gradients of an optimizer with these groups, or None when it
         does not qualify: parameters reduced in several groups of the user's
         choosing (one group of them all qualifies), a single parameter, parameters of several dtypes or devices, a compression
-        other than none, fp16 or bf16, or gradients that reach ``limit_bytes``
-        (the hooks start those while backward runs)."""
-        if sparse_optimizer:
+        other than none, fp16 or bf16, gradients that reach ``limit_bytes``
+        (the hooks start those while backward runs), or ``sparse`` ones (a sparse
+        optimizer's, or ``sparse_as_dense``: whether a gradient is sparse can
+        differ from rank to rank, and so would the path)."""
+        if sparse:
             return None
         if len(groups) == 1:  # one group of every parameter (Lightning's on CPU)
             params = list(groups[0])
@@ -112,8 +118,13 @@ class _FusedGradients:
         self._views = [v.view(p.shape) for v, p in
                        zip(self.flat.split(numels), params, strict=True)]
 
-    def checked(self, world: Any, one_by_one: bool) -> None:
-        """A step of ``world`` succeeded: the next ones are fused. After a step
+    def active(self, runtime: Any) -> bool:
+        """Whether a step of ``runtime`` goes as one allreduce: the optimizer
+        qualifies, and a step of the same world succeeded before."""
+        return self.flat is not None and self.validated == _world(runtime)
+
+    def checked(self, runtime: Any, one_by_one: bool) -> None:
+        """A step of ``runtime`` succeeded: the next ones are fused. After a step
         that went gradient by gradient, the buffer is refitted first when a
         parameter changed its shape, dtype or device since it was sized (the
         parameters may then no longer qualify: no step is fused again)."""
@@ -124,7 +135,7 @@ class _FusedGradients:
                               or p.device != flat.device
                               for p, shape in zip(self.params, self._shapes, strict=True)):
             self._fit()
-        self.validated = world if self.flat is not None else None
+        self.validated = _world(runtime) if self.flat is not None else None
 
     def gradients(self, dense: Callable[[torch.Tensor], torch.Tensor]
                   ) -> tuple[list[torch.Tensor] | None, str | None]:
@@ -173,6 +184,13 @@ class _FusedGradients:
                   ) -> list[torch.Tensor]:
         torch._foreach_copy_(grads, self._views)
         return grads
+
+
+def _world(runtime: Any) -> tuple[Any, int]:
+    """What a step's check holds for: its world (the runtime), until a join
+    completes there (a rank that joined early skipped the steps its peers
+    checked, and every rank counts the join at the same round)."""
+    return runtime, runtime.engine.agreement.joins
 
 
 def _wire_dtype(compression: Any, dtype: torch.dtype) -> torch.dtype | None:

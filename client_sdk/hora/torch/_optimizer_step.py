@@ -7,11 +7,14 @@ from typing import Any
 
 import torch
 
-from ..world import ProcessSet, synchronize
+from ..engine import Handle
+from ..errors import HoraError
+from ..world import ProcessSet, synchronize, wait
+from ._submission import _Group
 from .mpi_ops import allgather_async
 
 __all__ = ["HANDOVER_BYTES", "_HANDED_OVER", "_Pending", "_Slot", "_complete_sparse",
-           "_gather_sparse"]
+           "_gather_sparse", "_wait_out"]
 
 # The gradient hooks hand the engine their gradients in batches: a hook
 # notes its gradient, and once the noted gradients hold HANDOVER_BYTES they
@@ -91,3 +94,19 @@ def _complete_sparse(pending: _Pending, average: bool, set_size: int) -> None:
     assert p.grad is not None
     p.grad = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape,
                                      check_invariants=False).coalesce()
+
+
+def _wait_out(pendings: list[_Pending]) -> None:
+    """After a failed ``synchronize()``: waits for every collective of the step,
+    each tensor of a group on its own (a group's wait stops at its first
+    failure), so that no name is still in flight when the next step submits it
+    again, and nothing writes a gradient after the step is forgotten. Their
+    errors are the step's, already raised."""
+    for pending in pendings:
+        handles = pending.handle if isinstance(pending.handle, tuple) else (pending.handle,)
+        for handle in handles:
+            for one in handle.handles if isinstance(handle, _Group) else (handle,):
+                try:
+                    wait(one) if isinstance(one, Handle) else synchronize(one)
+                except HoraError:
+                    continue

@@ -14,7 +14,7 @@ from .. import _runtime
 from ..engine import Handle
 from ..engine.telemetry import TELEMETRY
 from ..errors import HoraError
-from ..world import wait
+from ..world import take, wait
 from ._adasum_optimizer import _DistributedAdasumOptimizer
 from ._collectives import allreduce_gradient_async_, allreduce_gradients_async_
 from ._fused import _FusedGradients
@@ -25,6 +25,7 @@ from ._optimizer_step import (
     _gather_sparse,
     _Pending,
     _Slot,
+    _wait_out,
 )
 from ._parameters import _parameter_groups, _parameter_names
 from ._submission import _Group
@@ -88,8 +89,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_slots = [[self._slot[p] for p in members] for members in self._groups]
         self._ready: dict[int, set[_Slot]] = {}  # group -> its gradients ready so far
         # A small model's gradients, allreduced as one from each world's second step on.
-        self._fused = _FusedGradients.plan(self._groups, self._names, HANDOVER_BYTES,
-                                           compression, isinstance(self, torch.optim.SparseAdam))
+        self._fused = _FusedGradients.plan(
+            self._groups, self._names, HANDOVER_BYTES, compression,
+            sparse=sparse_as_dense or isinstance(self, torch.optim.SparseAdam))
         # The allreduces in flight this step, in the order they started.
         self._pending: list[_Pending] = []
         # Gradients the hooks noted and not submitted yet, in order, and their bytes.
@@ -210,9 +212,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             handle: Any = allreduce_gradient_async_(wire[0], self._slot[params[0]].wire_name,
                                                     self._op, pre, post, self._process_set)
         else:
-            handle = grouped_allreduce_async_(
+            handle = take(grouped_allreduce_async_(
                 wire, name=f"allreduce.group.{self._names[params[0]]}", op=self._op,
-                prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
+                prescale_factor=pre, postscale_factor=post, process_set=self._process_set))
         pending = _Pending(params, handle, [c for _, c in pairs], wire)
         self._pending.append(pending)
         for p in params:
@@ -321,9 +323,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         try:
             self._synchronize()
         except HoraError:
-            for pending in self._pending:
-                with contextlib.suppress(HoraError):
-                    self._complete(pending)
+            _wait_out(self._pending)
             self._reset_step()
             raise
         self._reset_step()
@@ -348,11 +348,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._fused.checked(self._step_runtime, one_by_one=not fused)
 
     def _fuses(self) -> bool:
-        """Whether this step's gradients go as one allreduce (:mod:`._fused`):
-        the optimizer qualifies, and its world's first step checked them one by one."""
+        """Whether this step's gradients go as one allreduce (:mod:`._fused`)."""
         fused = self._fused
-        return (fused is not None and fused.flat is not None and not self._sparse
-                and fused.validated is self._step_runtime)
+        return fused is not None and not self._sparse and fused.active(self._step_runtime)
 
     def _submit_fused(self) -> bool:
         """Submits every gradient as one allreduce (:mod:`._fused`) when this
