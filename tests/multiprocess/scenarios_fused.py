@@ -44,6 +44,25 @@ def _expected(model: Net, step: int, wire: torch.dtype | None, pset) -> list[tor
     return out
 
 
+def _step_against_reference(opt, model: Net, step: int, wire: torch.dtype | None,
+                            pset) -> bool:
+    """Synchronizes and steps; whether every gradient after synchronize()
+    equals the one-by-one reference bit for bit."""
+    expected = _expected(model, step, wire, pset)
+    opt.synchronize()
+    equal = all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected,
+                                                        strict=True))
+    with opt.skip_synchronize():
+        opt.step()
+    return equal
+
+
+def _went_fused(opt) -> bool:
+    """Whether the last steps went fused (the world's first step checked every
+    gradient, and the last one succeeded)."""
+    return opt._fused is not None and opt._fused.validated is not None
+
+
 def fused_steps(variant: str, steps: int = 5):
     """Trains ``steps`` steps; for each, whether every gradient after synchronize()
     equals the one-by-one reference bit for bit, and the final parameters."""
@@ -73,15 +92,8 @@ def fused_steps(variant: str, steps: int = 5):
         for k in range(passes):
             use_extra = hvd.rank() == 0 if variant == "unused_on_one_rank" else True
             model(_batch(10 * step + k, dtype), use_extra).pow(2).sum().backward()
-        expected = _expected(model, step, wire, pset)
-        opt.synchronize()
-        equal.append(all(torch.equal(p.grad, e) for p, e in
-                         zip(model.parameters(), expected, strict=True)))
-        with opt.skip_synchronize():
-            opt.step()
-    # The last steps went fused: the world's first step checked every gradient.
-    fused = opt._fused is not None and opt._fused.validated is not None
-    return {"equal": equal, "fused": fused,
+        equal.append(_step_against_reference(opt, model, step, wire, pset))
+    return {"equal": equal, "fused": _went_fused(opt),
             "params": {k: v.clone() for k, v in model.state_dict().items()}}
 
 
@@ -140,11 +152,6 @@ def fused_after_join():
     for n in range(3):
         opt.zero_grad()
         model(_batch(100 + n), True).pow(2).sum().backward()
-        expected = _expected(model, 100 + n, None, hvd.global_process_set)
-        opt.synchronize()
-        equal.append(all(torch.equal(p.grad, e) for p, e in
-                         zip(model.parameters(), expected, strict=True)))
-        with opt.skip_synchronize():
-            opt.step()
-    fused = opt._fused is not None and opt._fused.validated is not None
-    return {"last": last, "fused": fused, "equal": equal}
+        equal.append(_step_against_reference(opt, model, 100 + n, None,
+                                             hvd.global_process_set))
+    return {"last": last, "fused": _went_fused(opt), "equal": equal}

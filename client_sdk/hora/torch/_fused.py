@@ -62,7 +62,7 @@ class _FusedGradients:
     """
 
     __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_dtype",
-                 "_shapes", "_names", "_limit", "_compression")
+                 "_names", "_limit", "_compression")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
                  compression: Any) -> None:
@@ -75,7 +75,8 @@ class _FusedGradients:
         #: What the compression hands back for each gradient to decompress: nothing.
         self.no_contexts = [None] * len(params)
         self.flat: torch.Tensor | None = None
-        self._views: list[torch.Tensor] = []  # of ``flat``, shaped as each parameter
+        # Views of ``flat`` shaped as each parameter was when it was sized.
+        self._views: list[torch.Tensor] = []
         self._fit()
 
     @classmethod
@@ -83,11 +84,12 @@ class _FusedGradients:
              limit_bytes: int, compression: Any, sparse: bool) -> _FusedGradients | None:
         """The fused gradients of an optimizer with these groups, or None when it
         does not qualify: parameters reduced in several groups of the user's
-        choosing (one group of them all qualifies), a single parameter, parameters of several dtypes or devices, a compression
-        other than none, fp16 or bf16, gradients that reach ``limit_bytes``
-        (the hooks start those while backward runs), or ``sparse`` ones (a sparse
-        optimizer's, or ``sparse_as_dense``: whether a gradient is sparse can
-        differ from rank to rank, and so would the path)."""
+        choosing (one group of them all qualifies), a single parameter,
+        parameters of several dtypes or devices, a compression other than none,
+        fp16 or bf16, gradients that reach ``limit_bytes`` (the hooks start those
+        while backward runs), or ``sparse`` ones (a sparse optimizer's, or
+        ``sparse_as_dense``: whether a gradient is sparse can differ from rank
+        to rank, and so would the path)."""
         if sparse:
             return None
         if len(groups) == 1:  # one group of every parameter (Lightning's on CPU)
@@ -105,7 +107,6 @@ class _FusedGradients:
         """Sizes the flat buffer for the parameters as they are now."""
         params, first = self.params, self.params[0]
         self._dtype = first.dtype
-        self._shapes = [p.shape for p in params]
         wire = _wire_dtype(self._compression, first.dtype)
         self.flat, self._views = None, []
         if wire is None or any(p.dtype != first.dtype or p.device != first.device
@@ -131,9 +132,9 @@ class _FusedGradients:
         flat = self.flat
         if flat is None:
             return
-        if one_by_one and any(p.shape != shape or p.dtype != self._dtype
+        if one_by_one and any(p.shape != view.shape or p.dtype != self._dtype
                               or p.device != flat.device
-                              for p, shape in zip(self.params, self._shapes, strict=True)):
+                              for p, view in zip(self.params, self._views, strict=True)):
             self._fit()
         self.validated = _world(runtime) if self.flat is not None else None
 
@@ -145,16 +146,16 @@ class _FusedGradients:
         grads: list[torch.Tensor] = []
         problem = None
         dtype = self._dtype
-        for p, shape in zip(self.params, self._shapes, strict=True):
+        for p, view in zip(self.params, self._views, strict=True):
             grad = p.grad
             if grad is None:
                 grad = dense(p)
             elif grad.is_sparse:
                 return None, None
-            if (grad.shape != shape or grad.dtype != dtype) and problem is None:
+            if (grad.shape != view.shape or grad.dtype != dtype) and problem is None:
                 problem = (f"the gradient of {self._names[len(grads)]!r} is {grad.dtype} "
                            f"{list(grad.shape)}, where its parameter was {dtype} "
-                           f"{list(shape)} when the optimizer last checked it")
+                           f"{list(view.shape)} when the optimizer last checked it")
             grads.append(grad)
         return grads, problem
 

@@ -3,14 +3,13 @@ allreduces in flight, and the allgathers of sparse gradients (see :mod:`.optimiz
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
-from ..engine import Handle
 from ..errors import HoraError
-from ..world import ProcessSet, synchronize, wait
-from ._submission import _Group
+from ..world import ProcessSet, take, wait
 from .mpi_ops import allgather_async
 
 __all__ = ["HANDOVER_BYTES", "_HANDED_OVER", "_Pending", "_Slot", "_complete_sparse",
@@ -77,9 +76,10 @@ def _gather_sparse(p: torch.Tensor, name: str, process_set: ProcessSet) -> _Pend
             p.new_empty(0, *p.shape[1:]), p.shape, check_invariants=False)
     grad = p.grad.coalesce()
     # Horovod's names: the allgathers of <parameter>.values and .indices.
-    values = allgather_async(grad._values(), name=f"{name}.values", process_set=process_set)
-    indices = allgather_async(grad._indices().t().contiguous(), name=f"{name}.indices",
-                              process_set=process_set)
+    values = take(allgather_async(grad._values(), name=f"{name}.values",
+                                  process_set=process_set))
+    indices = take(allgather_async(grad._indices().t().contiguous(), name=f"{name}.indices",
+                                   process_set=process_set))
     return _Pending([p], (values, indices), [None], [], sparse=True)
 
 
@@ -87,8 +87,8 @@ def _complete_sparse(pending: _Pending, average: bool, set_size: int) -> None:
     """Waits for a sparse gradient's allgathers and makes it the ranks' sum
     (or average) again."""
     p = pending.params[0]
-    values = synchronize(pending.handle[0])
-    indices = synchronize(pending.handle[1])
+    values = wait(pending.handle[0])
+    indices = wait(pending.handle[1])
     if average:
         values = values / set_size
     assert p.grad is not None
@@ -97,16 +97,12 @@ def _complete_sparse(pending: _Pending, average: bool, set_size: int) -> None:
 
 
 def _wait_out(pendings: list[_Pending]) -> None:
-    """After a failed ``synchronize()``: waits for every collective of the step,
-    each tensor of a group on its own (a group's wait stops at its first
-    failure), so that no name is still in flight when the next step submits it
-    again, and nothing writes a gradient after the step is forgotten. Their
-    errors are the step's, already raised."""
+    """After a failed ``synchronize()``: waits for every collective of the step
+    (each an engine handle, which a second wait answers at once), so that no
+    name is still in flight when the next step submits it again, and nothing
+    writes a gradient after the step is forgotten. Their errors are the step's,
+    already raised."""
     for pending in pendings:
-        handles = pending.handle if isinstance(pending.handle, tuple) else (pending.handle,)
-        for handle in handles:
-            for one in handle.handles if isinstance(handle, _Group) else (handle,):
-                try:
-                    wait(one) if isinstance(one, Handle) else synchronize(one)
-                except HoraError:
-                    continue
+        for handle in pending.handle if pending.sparse else (pending.handle,):
+            with contextlib.suppress(HoraError):
+                wait(handle)

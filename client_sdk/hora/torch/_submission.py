@@ -98,4 +98,17 @@ class _Group(Handle):
         return all(h.done() for h in self.handles)
 
     def wait(self, timeout: float | None = None) -> list[Any]:
-        return [h.wait(timeout) for h in self.handles]
+        """Every tensor's result; a failed one raises, but only once every other
+        tensor of the group has completed too, so that none of the group's names
+        is still in flight when the caller goes on (and submits them again)."""
+        results, error = [], None
+        for handle in self.handles:
+            try:
+                results.append(handle.wait(timeout))
+            except TimeoutError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - raised below, after the rest
+                error = error or exc
+        if error is not None:
+            raise error
+        return results

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from .. import _runtime
-from ..engine import Handle
 from ..engine.telemetry import TELEMETRY
 from ..errors import HoraError
 from ..world import take, wait
@@ -38,7 +37,6 @@ from .mpi_ops import (
     Sum,
     global_process_set,
     grouped_allreduce_async_,
-    synchronize,
 )
 
 __all__ = ["DistributedOptimizer", "HANDOVER_BYTES"]
@@ -332,14 +330,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _synchronize(self) -> None:
         several = self._process_set.size() > 1
         fused = several and self._submit_fused()
-        if self._handed and not fused:
-            self._submit_handed()
-        if several and not fused:
-            self._begin_step()
-            for gi, slots in enumerate(self._group_slots):
-                if not any(slot.pending is not None for slot in slots):
-                    self._ready.pop(gi, None)
-                    self._submit(list(self._groups[gi]))
+        if not fused:
+            if self._handed:
+                self._submit_handed()
+            if several:
+                self._begin_step()
+                for gi, slots in enumerate(self._group_slots):
+                    if not any(slot.pending is not None for slot in slots):
+                        self._ready.pop(gi, None)
+                        self._submit(list(self._groups[gi]))
         # Also in a world of one (an elastic job that shrank): the hooks may
         # have started allreduces, which are waited for, not left behind.
         for pending in self._pending:
@@ -373,8 +372,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if pending.sparse:
             _complete_sparse(pending, self._op == Average, self._process_set.size())
             return
-        handle = pending.handle
-        outputs = wait(handle) if isinstance(handle, Handle) else synchronize(handle)
+        outputs = wait(pending.handle)
+        if outputs is pending.wire:
+            return  # written back in place already (a fused step's copy-back)
         if not isinstance(outputs, list):
             outputs = [outputs]
         for p, out, ctx in zip(pending.params, outputs, pending.ctxs, strict=True):
