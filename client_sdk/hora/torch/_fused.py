@@ -61,8 +61,8 @@ class _FusedGradients:
             back to back (None while the parameters do not qualify).
     """
 
-    __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_dtype",
-                 "_names", "_limit", "_compression")
+    __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_shapes",
+                 "_dtype", "_names", "_limit", "_compression")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
                  compression: Any) -> None:
@@ -77,6 +77,7 @@ class _FusedGradients:
         self.flat: torch.Tensor | None = None
         # Views of ``flat`` shaped as each parameter was when it was sized.
         self._views: list[torch.Tensor] = []
+        self._shapes: list[torch.Size] = []  # theirs
         self._fit()
 
     @classmethod
@@ -108,7 +109,7 @@ class _FusedGradients:
         params, first = self.params, self.params[0]
         self._dtype = first.dtype
         wire = _wire_dtype(self._compression, first.dtype)
-        self.flat, self._views = None, []
+        self.flat, self._views, self._shapes = None, [], []
         if wire is None or any(p.dtype != first.dtype or p.device != first.device
                                for p in params):
             return
@@ -118,6 +119,7 @@ class _FusedGradients:
         self.flat = torch.empty(sum(numels), dtype=wire, device=first.device)
         self._views = [v.view(p.shape) for v, p in
                        zip(self.flat.split(numels), params, strict=True)]
+        self._shapes = [view.shape for view in self._views]
 
     def active(self, runtime: Any) -> bool:
         """Whether a step of ``runtime`` goes as one allreduce: the optimizer
@@ -132,9 +134,9 @@ class _FusedGradients:
         flat = self.flat
         if flat is None:
             return
-        if one_by_one and any(p.shape != view.shape or p.dtype != self._dtype
+        if one_by_one and any(p.shape != shape or p.dtype != self._dtype
                               or p.device != flat.device
-                              for p, view in zip(self.params, self._views, strict=True)):
+                              for p, shape in zip(self.params, self._shapes, strict=True)):
             self._fit()
         self.validated = _world(runtime) if self.flat is not None else None
 
@@ -146,16 +148,16 @@ class _FusedGradients:
         grads: list[torch.Tensor] = []
         problem = None
         dtype = self._dtype
-        for p, view in zip(self.params, self._views, strict=True):
+        for p, shape in zip(self.params, self._shapes, strict=True):
             grad = p.grad
             if grad is None:
                 grad = dense(p)
             elif grad.is_sparse:
                 return None, None
-            if (grad.shape != view.shape or grad.dtype != dtype) and problem is None:
+            if (grad.shape != shape or grad.dtype != dtype) and problem is None:
                 problem = (f"the gradient of {self._names[len(grads)]!r} is {grad.dtype} "
                            f"{list(grad.shape)}, where its parameter was {dtype} "
-                           f"{list(view.shape)} when the optimizer last checked it")
+                           f"{list(shape)} when the optimizer last checked it")
             grads.append(grad)
         return grads, problem
 

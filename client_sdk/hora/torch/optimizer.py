@@ -112,18 +112,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _reset_step(self) -> None:
         """Forgets the step in progress: handles, ready-sets, delay counters."""
-        for pending in self._pending:
-            for p in pending.params:
-                self._slot[p].pending = None
-        self._pending.clear()
-        for slot in self._handed:
+        passes = self.backward_passes_per_step
+        for slot in self._slot.values():  # no lookup keyed by a tensor: its hash is a call
             slot.pending = None
+            slot.delay = passes
+        self._pending.clear()
         self._handed.clear()
         self._handed_bytes = 0
         self._ready.clear()
         self._densified.clear()
-        for slot in self._slot.values():
-            slot.delay = self.backward_passes_per_step
         self._synchronized = False
         self._step_runtime = None
 
