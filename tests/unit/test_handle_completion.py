@@ -93,3 +93,23 @@ def test_a_failure_in_the_holding_thread_completes_what_it_took_out_of_the_table
     thread.join(10)
     # Released: a later failure in this thread holds nothing any more.
     assert pending.take(["nothing"]) == []
+
+
+def test_a_group_waits_out_every_tensor_before_its_first_error_and_its_timeout_is_the_groups():
+    from hora.torch._submission import _Group
+
+    failed, late = Handle("a"), Handle("b")
+    failed.set_error(HorovodInternalError("rank 1 sent float64"))
+    threading.Timer(0.2, late.set_result, (5,)).start()
+    with pytest.raises(HorovodInternalError, match="float64"):
+        _Group([failed, late]).wait(timeout=10)
+    assert late.done()  # the error waited for the rest of the group
+
+    # Tensors completing one after another, 0.2 s apart: each within 0.5 s of
+    # the one before, the last after 2 s. The group's timeout of 0.5 s holds
+    # for the whole group, not for each tensor in turn.
+    staggered = [Handle(f"staggered.{i}") for i in range(10)]
+    for i, handle in enumerate(staggered):
+        threading.Timer(0.2 * (i + 1), handle.set_result, (i,)).start()
+    with pytest.raises(TimeoutError):
+        _Group(staggered).wait(timeout=0.5)

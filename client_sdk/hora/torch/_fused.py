@@ -198,11 +198,9 @@ def _world(runtime: Any) -> tuple[Any, int]:
 
 def _wire_dtype(compression: Any, dtype: torch.dtype) -> torch.dtype | None:
     """The dtype ``compression`` sends gradients of ``dtype`` as, for the built-in
-    compressions (stateless, and the same cast for every gradient); None for
-    any other."""
-    if compression is Compression.none:
-        return dtype
-    if compression in (Compression.fp16, Compression.bf16):
-        wire = compression.wire_dtype
-        return wire if dtype.is_floating_point else dtype
-    return None
+    compressions (stateless, and the same cast for every gradient), asked of
+    the compression itself; None for any other."""
+    if compression not in (Compression.none, Compression.fp16, Compression.bf16):
+        return None
+    wire, _ctx = compression.compress(torch.empty(0, dtype=dtype))
+    return wire.dtype

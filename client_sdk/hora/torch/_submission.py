@@ -3,6 +3,7 @@ check that fails an invalid call on every rank, and the handles callers get."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -100,11 +101,14 @@ class _Group(Handle):
     def wait(self, timeout: float | None = None) -> list[Any]:
         """Every tensor's result; a failed one raises, but only once every other
         tensor of the group has completed too, so that none of the group's names
-        is still in flight when the caller goes on (and submits them again)."""
+        is still in flight when the caller goes on (and submits them again).
+        ``timeout`` holds for the whole group, not for each tensor."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         results, error = [], None
         for handle in self.handles:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                results.append(handle.wait(timeout))
+                results.append(handle.wait(left))
             except TimeoutError:
                 raise
             except Exception as exc:  # noqa: BLE001 - raised below, after the rest

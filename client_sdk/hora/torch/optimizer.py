@@ -326,12 +326,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _synchronize(self) -> None:
         several = self._process_set.size() > 1
+        if several:
+            self._begin_step()
         fused = several and self._submit_fused()
         if not fused:
             if self._handed:
                 self._submit_handed()
             if several:
-                self._begin_step()
                 for gi, slots in enumerate(self._group_slots):
                     if not any(slot.pending is not None for slot in slots):
                         self._ready.pop(gi, None)
@@ -352,7 +353,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Submits every gradient as one allreduce (:mod:`._fused`) when this
         optimizer qualifies and its world's first step has been checked
         gradient by gradient; False, with nothing submitted, otherwise."""
-        self._begin_step()
         fused = self._fused
         if self._pending or not self._fuses():
             return False
