@@ -31,6 +31,9 @@ class MeshTransport(Protocol):
 
 _MESSAGE = struct.Struct("<IQQq")
 _INLINE = -1
+# The most values a message of any length may carry (a control vector lists the
+# ready and invalid slots of a response cache, far fewer).
+MAX_VALUES = 1 << 24
 
 
 class _Outgoing:
@@ -65,7 +68,7 @@ class _Incoming:
     __slots__ = ("mesh", "peer", "n", "locate", "buf", "view", "got", "stage", "values",
                  "payload", "shared")
 
-    def __init__(self, mesh: MeshTransport, peer: int, n: int,
+    def __init__(self, mesh: MeshTransport, peer: int, n: int | None,
                  locate: Callable[[int, int, int, int], torch.Tensor] | None = None) -> None:
         self.mesh, self.peer, self.n = mesh, peer, n
         # Finds a payload the peer left in shared memory: (peer, version, offset, nbytes).
@@ -98,7 +101,12 @@ class _Incoming:
         self.got = 0
         if self.stage == 0:
             n, nbytes, offset, version = _MESSAGE.unpack(self.buf)
-            if n != self.n:
+            if self.n is None:  # any length (the sender's own), within reason
+                if n > MAX_VALUES:
+                    raise BackendError(f"control mesh: rank {self.peer} sent {n} values, more "
+                                       f"than the {MAX_VALUES} a vector may hold")
+                self.n = n
+            elif n != self.n:
                 raise BackendError(
                     f"control mesh: rank {self.peer} sent {n} values, rank {self.mesh.rank} "
                     f"{self.n}; the ranks' caches diverged")

@@ -260,14 +260,14 @@ class MeshTransport:
             result = [a if a < b else b for a, b in zip(result, theirs, strict=True)]
         return result
 
-    def exchange(self, values: Sequence[int], payload: torch.Tensor | None = None
-                 ) -> list[tuple[list[int], torch.Tensor | None]]:
+    def exchange(self, values: Sequence[int], payload: torch.Tensor | None = None, *,
+                 uniform: bool = True) -> list[tuple[list[int], torch.Tensor | None]]:
         """Sends ``values`` and ``payload`` (uint8) to every peer; returns what each rank sent.
 
         The result is indexed by rank and includes this rank's own values and
         payload. A received payload is a view of a buffer the mesh reuses: it
         is valid until the next exchange. Every rank must pass a vector of
-        the same length; payload lengths may differ.
+        the same length, unless ``uniform`` is False; payload lengths may differ.
 
         Raises:
             BackendError: a peer died, disagreed on the length, or the timeout passed.
@@ -291,7 +291,8 @@ class MeshTransport:
         result: list[tuple[list[int], torch.Tensor | None]] = [([], None)] * self.size
         result[self.rank] = (list(values), payload if nbytes else None)
         sending = {peer: _Outgoing(conn, head, body) for peer, conn in self._peers.items()}
-        receiving = {peer: _Incoming(self, peer, n) for peer in self._peers}
+        receiving = {peer: _Incoming(self, peer, n if uniform else None)
+                     for peer in self._peers}
         for peer, message in self._transfer(sending, receiving).items():
             result[peer] = message
         self._exchanges += 1

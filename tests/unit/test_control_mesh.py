@@ -96,6 +96,22 @@ def test_vectors_of_different_lengths_are_an_error_not_a_hang():
         mesh.close()
 
 
+def test_vectors_of_any_length_travel_when_the_exchange_allows_them():
+    """The agreement's vectors list ready slots only, so their lengths differ by rank."""
+    meshes = build(3)
+    sent = [[], [7], list(range(1000))]
+    results, errors = run_all([lambda r=r: meshes[r].exchange(sent[r], uniform=False)
+                               for r in range(3)])
+    assert errors == [None] * 3
+    assert all([values for values, _payload in got] == sent for got in results)
+    # Then a uniform exchange still checks the lengths.
+    _, errors = run_all([lambda: meshes[0].exchange([1, 2]), lambda: meshes[1].exchange([1]),
+                         lambda: meshes[2].exchange([1, 2])])
+    assert any(isinstance(e, BackendError) and "diverged" in str(e) for e in errors)
+    for mesh in meshes:
+        mesh.close()
+
+
 def test_ranks_of_one_machine_talk_through_unix_domain_sockets():
     before = set(os.listdir("/dev/shm"))
     meshes = build(3, shared=True)

@@ -9,6 +9,7 @@ plays the coordinator (it answers with response lists).
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
@@ -50,8 +51,8 @@ def _agreed(*vectors: ControlVector) -> ControlVector:
 
 def _vector(slots: list[int], received: int = 0, usable: bool = True, threshold_kib: int = 64
             ) -> ControlVector:
-    return ControlVector(slots, received, usable, fusion_threshold_kib=threshold_kib, cycle_us=0,
-                         payload_budget=0)
+    return ControlVector.of(slots, received, usable, fusion_threshold_kib=threshold_kib,
+                            cycle_us=0, payload_budget=0)
 
 
 def _cache(*entries: Entry) -> ResponseCache:
@@ -59,6 +60,52 @@ def _cache(*entries: Entry) -> ResponseCache:
     for entry in entries:
         cache.put(entry.name, entry.signature())
     return cache
+
+
+# ---- control vectors -----------------------------------------------------------------------
+
+
+def test_sparse_vectors_agree_as_the_element_wise_min_of_dense_ones():
+    """The vectors list ready and invalid slots only; agreeing them gives what the
+    element-wise MIN of one value per slot gives (INVALID < NOT_READY < READY),
+    fields included, for any mix of ranks, widths and values."""
+    rng = random.Random(28)
+    values = [INVALID, NOT_READY, READY]
+    for trial in range(300):
+        ranks, width = rng.randint(1, 4), rng.choice([0, 1, 2, 5, 40])
+        # Half the trials: every rank ready with the same slots, as in training.
+        same = [rng.choice(values[1:]) for _ in range(width)]
+        dense = [same if trial % 2 else [rng.choices(values, (1, 4, 4))[0]
+                                         for _ in range(width)] for _ in range(ranks)]
+        fields = [[rng.randint(-5, 5) for _ in range(7)] for _ in range(ranks)]
+        vectors = [ControlVector.of(slots, f[0], bool(f[1] % 2), fusion_threshold_kib=f[2],
+                                    cycle_us=f[3], payload_budget=f[4], wait_us=f[5],
+                                    minus_wait_us=f[6])
+                   for slots, f in zip(dense, fields, strict=True)]
+        agreed = ControlVector.decode(ControlVector.agree([v.encode() for v in vectors]))
+        assert agreed.slots == [min(column) for column in zip(*dense, strict=True)] \
+            if width else agreed.slots == []
+        assert agreed.width == width
+        assert agreed.ready == sorted(agreed.ready) and agreed.invalid == sorted(agreed.invalid)
+        assert [agreed.lists_received, agreed.fusion_threshold_kib, agreed.cycle_us,
+                agreed.payload_budget, agreed.wait_us, agreed.minus_wait_us] == \
+            [min(f[i] for f in fields) for i in (0, 2, 3, 4, 5, 6)]
+        assert agreed.cache_usable == all(f[1] % 2 for f in fields)
+
+
+def test_a_round_sends_its_ready_and_invalid_slots_not_the_whole_cache():
+    vector = ControlVector.of([NOT_READY] * 398 + [READY, INVALID], 3, True)
+    assert (vector.width, vector.ready, vector.invalid) == (400, [398], [399])
+    assert len(vector.encode()) == ControlVector._HEAD + 2
+    assert ControlVector.decode(vector.encode()) == vector
+
+
+def test_vectors_of_caches_of_different_sizes_are_an_error_not_a_wrong_answer():
+    vectors = [ControlVector.of([READY, READY], 0, True).encode(),
+               ControlVector.of([READY], 0, True).encode()]
+    with pytest.raises(BackendError, match="rank 1 has 1 cache slots, rank 0 2; the ranks' "
+                                           "caches diverged"):
+        ControlVector.agree(vectors)
 
 
 # ---- plan_round (pure) -------------------------------------------------------------------

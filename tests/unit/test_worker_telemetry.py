@@ -13,7 +13,7 @@ from hora.engine.telemetry import LAST_SPREAD_US, ROUNDS_KEPT, Telemetry
 def test_waits_agreed_by_min_give_each_rank_its_lateness_behind_the_first():
     # Rank 0 arrived first (waited 40 ms), rank 2 last (waited 0.1 ms).
     waits = [40_000, 25_000, 100]
-    vectors = [ControlVector([2, 1], 0, True, wait_us=w, minus_wait_us=-w).encode()
+    vectors = [ControlVector.of([2, 1], 0, True, wait_us=w, minus_wait_us=-w).encode()
                for w in waits]
     agreed = ControlVector.decode(ControlVector.agree(vectors))
     assert (agreed.wait_us, -agreed.minus_wait_us) == (100, 40_000)

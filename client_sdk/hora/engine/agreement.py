@@ -1,10 +1,11 @@
 """The global set's rounds: where ranks agree on what runs next, peer to peer.
 
-Every rank with work enters a round with a :class:`ControlVector`: per slot
-of the response cache, whether the tensor is ready here, not ready, or
-invalid here; how many coordinator response lists it has received; whether
-its cache may be used; and rank 0's fusion threshold, cycle time and mesh
-payload budget. The element-wise MIN gives every rank the same answer: run
+Every rank with work enters a round with a :class:`ControlVector`: the slots
+of the response cache whose tensor is ready here and those invalid here (any
+other is not ready), how many coordinator response lists it has received,
+whether its cache may be used, and rank 0's fusion threshold, cycle time and
+mesh payload budget. Agreed (as the element-wise MIN of one value per slot
+would be), they give every rank the same answer: run
 the slots ready everywhere, drop the invalid ones, run the coordinator
 lists every rank has. Ranks apply the same results in the same order, so
 their caches never diverge.
@@ -36,7 +37,7 @@ from .._ops import OpType
 from ..errors import HorovodInternalError
 from ..settings import Settings
 from .cache import ResponseCache
-from .control import INVALID, NOT_READY, READY, ControlVector, peers_waiting_in
+from .control import ControlVector, peers_waiting_in
 from .executor import Executor, TimelineRef
 from .pending import Entry, Handle, Pending
 from .plan import BackendSelector, Path, plan_round
@@ -314,15 +315,15 @@ class Agreement:
         if background and self._cycle_s > 0:
             time.sleep(self._cycle_s)  # let more tensors become ready, for fusion
         with self._lock:
-            slots = [NOT_READY] * len(self.cache)
             ready = sorted(self._cached_pending.items())
-            for slot, _entry in ready:
-                slots[slot] = READY
-            for slot in self._invalid_slots:
-                slots[slot] = INVALID
+            invalid = sorted(self._invalid_slots)
             self._invalid_slots.clear()
+            ready_slots = [slot for slot, _entry in ready]
+            if invalid:  # a slot found stale here is invalid, not ready
+                stale = set(invalid)
+                ready_slots = [slot for slot in ready_slots if slot not in stale]
             waited = max(self._waited_us, 0)
-            vector = ControlVector(slots, self._received,
+            vector = ControlVector(len(self.cache), ready_slots, invalid, self._received,
                                    self._cache_on and self._join is None,
                                    wait_us=waited, minus_wait_us=-waited)
             if self.rank == 0:

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from hora_native import BackendError
+
 __all__ = ["INVALID", "NOT_READY", "READY", "UNSET", "ControlVector", "peers_waiting_in"]
 
 # What a rank says of a cache slot.
@@ -20,14 +22,23 @@ UNSET = torch.iinfo(torch.int64).max
 
 @dataclasses.dataclass
 class ControlVector:
-    """What one rank brings to a round; on the wire, ``slots`` then the seven fields.
+    """What one rank brings to a round.
 
-    ``wait_us`` and ``minus_wait_us`` carry this rank's wait in the previous
-    round as ``w`` and ``-w``: agreed, they are the shortest wait and minus the
-    longest (:mod:`.telemetry`).
+    The slots travel sparse: the ready ones and the invalid ones, ascending,
+    so that a round costs what is ready, not the size of the cache (a model
+    whose first step cached 400 gradients then agreeing on one fused
+    allreduce per step sends one slot, not 400). ``width`` is the size of the
+    cache, the same on every rank while their caches agree.
+
+    On the wire: ``width``, the seven fields, the count of ready slots, the
+    ready slots, then the invalid ones. ``wait_us`` and ``minus_wait_us``
+    carry this rank's wait in the previous round as ``w`` and ``-w``: agreed,
+    they are the shortest wait and minus the longest (:mod:`.telemetry`).
     """
 
-    slots: list[int]
+    width: int
+    ready: list[int]
+    invalid: list[int]
     lists_received: int
     cache_usable: bool
     fusion_threshold_kib: int = UNSET
@@ -36,27 +47,72 @@ class ControlVector:
     wait_us: int = 0
     minus_wait_us: int = 0
 
-    _FIELDS = 7
-
-    def encode(self) -> list[int]:
-        return [*self.slots, self.lists_received, int(self.cache_usable),
-                self.fusion_threshold_kib, self.cycle_us, self.payload_budget,
-                self.wait_us, self.minus_wait_us]
+    _HEAD = 9  # width, the seven fields, the count of ready slots
 
     @classmethod
-    def decode(cls, values: list[int]) -> ControlVector:
-        width = len(values) - cls._FIELDS
-        received, usable, threshold, cycle, budget, wait, minus_wait = values[width:]
-        return cls(values[:width], received, bool(usable), threshold, cycle, budget,
-                   wait, minus_wait)
+    def of(cls, slots: Sequence[int], lists_received: int, cache_usable: bool,
+           **fields: int) -> ControlVector:
+        """The vector of ``slots``, one of READY, NOT_READY or INVALID per cache slot."""
+        return cls(len(slots), [i for i, v in enumerate(slots) if v == READY],
+                   [i for i, v in enumerate(slots) if v == INVALID], lists_received,
+                   cache_usable, **fields)
+
+    @property
+    def slots(self) -> list[int]:
+        """READY, NOT_READY or INVALID for every cache slot (dense: for the Gloo
+        exchange and for tests, never in a round on the mesh)."""
+        dense = [NOT_READY] * self.width
+        for slot in self.ready:
+            dense[slot] = READY
+        for slot in self.invalid:
+            dense[slot] = INVALID
+        return dense
+
+    def encode(self) -> list[int]:
+        return [self.width, self.lists_received, int(self.cache_usable),
+                self.fusion_threshold_kib, self.cycle_us, self.payload_budget,
+                self.wait_us, self.minus_wait_us, len(self.ready), *self.ready, *self.invalid]
+
+    @classmethod
+    def decode(cls, values: Sequence[int]) -> ControlVector:
+        width, received, usable, threshold, cycle, budget, wait, minus_wait, n = \
+            values[:cls._HEAD]
+        return cls(width, list(values[cls._HEAD:cls._HEAD + n]),
+                   list(values[cls._HEAD + n:]), received, bool(usable), threshold, cycle,
+                   budget, wait, minus_wait)
 
     @staticmethod
     def agree(vectors: list[list[int]]) -> list[int]:
-        """The element-wise MIN of encoded vectors."""
-        agreed = vectors[0]
-        for theirs in vectors[1:]:
-            agreed = [a if a < b else b for a, b in zip(agreed, theirs, strict=True)]
-        return agreed
+        """Encoded vectors agreed, encoded: each field's MIN, the slots ready on every
+        rank and invalid on none, the slots invalid on any (as the element-wise
+        MIN of dense vectors, INVALID < NOT_READY < READY).
+
+        Raises:
+            BackendError: the vectors' widths differ (the ranks' caches diverged).
+        """
+        first = vectors[0]
+        head = ControlVector._HEAD
+        fields = first[1:head - 1]
+        ready = first[head:head + first[head - 1]]
+        invalid = first[head + first[head - 1]:]
+        for rank, theirs in enumerate(vectors[1:], 1):
+            if theirs[0] != first[0]:
+                raise BackendError(
+                    f"control vectors: rank {rank} has {theirs[0]} cache slots, rank 0 "
+                    f"{first[0]}; the ranks' caches diverged")
+            fields = [a if a < b else b for a, b in zip(fields, theirs[1:head - 1],
+                                                        strict=True)]
+            n = theirs[head - 1]
+            their_ready = theirs[head:head + n]
+            if their_ready != ready:  # in training, every rank is ready with the same
+                found = set(their_ready)
+                ready = [slot for slot in ready if slot in found]
+            if len(theirs) > head + n:
+                invalid = sorted(set(invalid).union(theirs[head + n:]))
+        if invalid and ready:
+            dropped = set(invalid)
+            ready = [slot for slot in ready if slot not in dropped]
+        return [first[0], *fields, len(ready), *ready, *invalid]
 
 
 def peers_waiting_in(vectors: Sequence[Sequence[int]], rank: int, waiting_here: set[int],
@@ -72,9 +128,8 @@ def peers_waiting_in(vectors: Sequence[Sequence[int]], rank: int, waiting_here: 
     for peer, values in enumerate(vectors):
         if peer == rank or not values:
             continue
-        width = len(values) - ControlVector._FIELDS
-        names = [name_of(slot) for slot in range(width)
-                 if values[slot] == READY and slot not in waiting_here]
+        names = [name_of(slot) for slot in ControlVector.decode(values).ready
+                 if slot not in waiting_here]
         found = [f"allreduce '{name}'" for name in names if name is not None]
         if found:
             more = f" and {len(found) - most} more" if len(found) > most else ""

@@ -23,7 +23,7 @@ from hora_native import Reducer
 
 from .._ops import dtype_name
 from .cache import Signature, fusion_fields
-from .control import INVALID, READY, ControlVector
+from .control import ControlVector
 from .pending import Entry
 
 if TYPE_CHECKING:
@@ -107,16 +107,15 @@ def plan_round(agreed: ControlVector, cached: Mapping[int, Entry],
     evictions = []
     resends = []
     ready: list[Ready] = []
-    for slot, value in enumerate(agreed.slots):
-        if value == READY:
-            entry = cached.get(slot)
-            if entry is not None:  # else failed meanwhile; the rounds stop next
-                ready.append((slot, signature(slot), entry))
-        elif value == INVALID:
-            evictions.append(slot)
-            entry = cached.get(slot)
-            if entry is not None:
-                resends.append(entry)
+    for slot in agreed.ready:
+        entry = cached.get(slot)
+        if entry is not None:  # else failed meanwhile; the rounds stop next
+            ready.append((slot, signature(slot), entry))
+    for slot in agreed.invalid:
+        evictions.append(slot)
+        entry = cached.get(slot)
+        if entry is not None:
+            resends.append(entry)
     batches: list[Batch] = []
     rest = ready
     if carries is not None and ready:

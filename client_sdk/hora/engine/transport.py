@@ -17,7 +17,7 @@ import torch
 from hora_native import ReduceKind, Reducer
 
 from .cache import ResponseCache
-from .control import READY, ControlVector
+from .control import ControlVector
 from .pending import Entry
 
 if TYPE_CHECKING:
@@ -82,24 +82,23 @@ class MeshControl:
         layout = self._layout([slot for slot, _entry in ready], budget)
         payload = mesh.pack([(slot, entry.buffer, entry.prescale_factor)
                              for slot, entry in ready], layout)
-        messages = mesh.exchange(vector.encode(), payload)
+        messages = mesh.exchange(vector.encode(), payload, uniform=False)
         self.last_vectors = [values for values, _payload in messages]
         agreed = ControlVector.decode(ControlVector.agree(self.last_vectors))
-        if READY not in agreed.slots:
+        if not agreed.ready:
             return agreed, None
         # Where each rank's payload holds which tensors. A rank that could
         # not send its payload sent none: its tensors go through Gloo, on
         # every rank alike.
         # In training every rank sent the same vector: one layout serves all.
-        width = len(agreed.slots)
-        by_vector: dict[tuple[int, ...], Layout] = {}
+        head = ControlVector._HEAD
+        by_ready: dict[tuple[int, ...], Layout] = {}
         layouts = []
         for theirs, sent in messages:
-            key = tuple(theirs[:width])
-            found = by_vector.get(key)
+            key = tuple(theirs[head:head + theirs[head - 1]])
+            found = by_ready.get(key)
             if found is None:
-                found = by_vector[key] = self._layout(
-                    [slot for slot, value in enumerate(key) if value == READY], budget)
+                found = by_ready[key] = self._layout(list(key), budget)
             layouts.append(found.offsets if sent is not None and sent.numel() == found.total
                            else {})
         return agreed, mesh.round(messages, layouts)
@@ -120,6 +119,13 @@ class GlooControl:
         group = self._sets.get(0)
         if group.size == 1:
             return vector, None
-        tensor = torch.tensor(vector.encode(), dtype=torch.int64)
+        # A MIN-allreduce needs vectors of one length: the slots go dense.
+        tensor = torch.tensor([vector.lists_received, int(vector.cache_usable),
+                               vector.fusion_threshold_kib, vector.cycle_us,
+                               vector.payload_budget, vector.wait_us, vector.minus_wait_us,
+                               *vector.slots], dtype=torch.int64)
         self._sets.backend("cpu", group).allreduce(tensor, ReduceKind.MIN)
-        return ControlVector.decode(tensor.tolist()), None
+        v = tensor.tolist()
+        return ControlVector.of(v[7:], v[0], bool(v[1]), fusion_threshold_kib=v[2],
+                                cycle_us=v[3], payload_budget=v[4], wait_us=v[5],
+                                minus_wait_us=v[6]), None
