@@ -17,12 +17,20 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 SCENARIOS = Path(__file__).with_name("scenarios_fused.py")
 
 
+# Where the fused allreduce's bytes go: the round's shared-memory payload (the
+# default), a payload over the mesh's sockets, or no payload at all (Gloo, with the
+# gradients copied into the optimizer's buffer first).
+PATHS = {"socket_payload": {"HORA_SHM_ALLREDUCE_BYTES": "0"},
+         "no_payload": {"HORA_SHM_ALLREDUCE_BYTES": "0", "HORA_MESH_ALLREDUCE_BYTES": "0"}}
+
+
 @pytest.mark.parametrize("variant", ["plain", "fp16", "accumulate", "unused_on_one_rank",
-                                     "process_set", "float64", "one_group"])
+                                     "process_set", "float64", "one_group", *PATHS])
 def test_fused_steps_equal_one_by_one(shared_coordinator, variant):
     size = 3 if variant == "process_set" else 2  # the set of ranks 0 and 2
     results = [r.value for r in run_workers(shared_coordinator, size, SCENARIOS, "fused_steps",
-                                            (variant,)) if r.value is not None]
+                                            (variant,), env=PATHS.get(variant))
+               if r.value is not None]
     assert len(results) == 2
     for value in results:
         assert value["equal"] == [True] * 5, value["equal"]
