@@ -27,7 +27,7 @@ from hora.engine.executor import Executor, TimelineRef
 from hora.engine.pending import Entry, Handle, Pending
 from hora.engine.plan import BackendSelector, Path, plan_round
 from hora.engine.process_sets import ProcessSets
-from hora.engine.transport import Carried
+from hora.engine.transport import Carried, GlooControl
 from hora.errors import HorovodInternalError
 from hora.settings import Settings
 from hora_native import BackendError
@@ -321,6 +321,24 @@ def _wait_all(handles: list[Handle]) -> list:
     results, errors = run_all([lambda h=h: h.wait(WAIT_S) for h in handles])
     assert not any(errors), errors
     return results
+
+
+def test_large_worlds_agree_through_gloo_as_the_mesh_would(ranks):
+    """Above the mesh's size the vectors go dense through a Gloo MIN-allreduce:
+    every rank gets what agreeing the sparse vectors gives."""
+    world = ranks(3)
+    dense = [[READY, READY, NOT_READY, READY], [READY, INVALID, READY, READY],
+             [READY, READY, READY, NOT_READY]]
+    vectors = [ControlVector.of(slots, 5 - r, r != 1, fusion_threshold_kib=64 + r,
+                                cycle_us=10 - r, payload_budget=7, wait_us=100 * r,
+                                minus_wait_us=-100 * r)
+               for r, slots in enumerate(dense)]
+    results, errors = run_all([lambda r=r: GlooControl(world[r].sets).exchange(vectors[r], [], 0)
+                               for r in range(3)])
+    assert errors == [None] * 3
+    want = ControlVector.decode(ControlVector.agree([v.encode() for v in vectors]))
+    assert want.ready == [0] and want.invalid == [1]
+    assert all(result == (want, None) for result in results)
 
 
 def test_a_negotiated_allreduce_is_cached_and_then_agreed_peer_to_peer(ranks):
