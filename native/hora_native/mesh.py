@@ -163,7 +163,8 @@ class MeshBackend:
                version: int) -> Layout:
         """Which of a rank's ready tensors travel in its payload, and where.
 
-        ``slots`` are the cache slots the rank marked ready, ascending. A
+        ``slots`` are the cache slots the rank's vector lists as ready (the
+        same list for the rank itself and for its peers), ascending. A
         tensor travels when it is a non-empty CPU tensor of a dtype the mesh
         reduces and the payload stays within ``budget``. Tensors sit back
         to back in slot order; a change of dtype starts at the next 8-byte

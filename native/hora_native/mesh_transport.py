@@ -270,7 +270,8 @@ class MeshTransport:
         the same length, unless ``uniform`` is False; payload lengths may differ.
 
         Raises:
-            BackendError: a peer died, disagreed on the length, or the timeout passed.
+            BackendError: a peer died, disagreed on the length (or sent more
+                values than any vector holds), or the timeout passed.
         """
         if self._aborted is not None:
             raise BackendError(f"control mesh: rank {self.rank}'s exchanges were aborted: "

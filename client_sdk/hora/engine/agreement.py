@@ -318,10 +318,10 @@ class Agreement:
             ready = sorted(self._cached_pending.items())
             invalid = sorted(self._invalid_slots)
             self._invalid_slots.clear()
-            ready_slots = [slot for slot, _entry in ready]
-            if invalid:  # a slot found stale here is invalid, not ready
+            if invalid:  # a slot found stale here is invalid, not ready: nor packed
                 stale = set(invalid)
-                ready_slots = [slot for slot in ready_slots if slot not in stale]
+                ready = [item for item in ready if item[0] not in stale]
+            ready_slots = [slot for slot, _entry in ready]
             waited = max(self._waited_us, 0)
             vector = ControlVector(len(self.cache), ready_slots, invalid, self._received,
                                    self._cache_on and self._join is None,

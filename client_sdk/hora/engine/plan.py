@@ -94,7 +94,7 @@ def plan_round(agreed: ControlVector, cached: Mapping[int, Entry],
     """The plan of one round (pure: reads its arguments, changes nothing).
 
     Args:
-        agreed: the element-wise MIN of every rank's control vector.
+        agreed: every rank's control vector, agreed (:meth:`.control.ControlVector.agree`).
         cached: this rank's cached entries waiting, by slot.
         signature: a cached slot's signature (the cache before this round).
         carries: whether every rank's payload carried a slot (None: the round
