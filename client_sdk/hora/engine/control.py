@@ -75,14 +75,38 @@ class ControlVector:
 
     @classmethod
     def decode(cls, values: Sequence[int]) -> ControlVector:
-        width, received, usable, threshold, cycle, budget, wait, minus_wait, n = \
-            values[:cls._HEAD]
-        return cls(width, list(values[cls._HEAD:cls._HEAD + n]),
-                   list(values[cls._HEAD + n:]), received, bool(usable), threshold, cycle,
-                   budget, wait, minus_wait)
+        (width, received, usable, threshold, cycle, budget, wait, minus_wait), ready, \
+            invalid = cls._parts(values)
+        return cls(width, list(ready), list(invalid), received, bool(usable), threshold,
+                   cycle, budget, wait, minus_wait)
 
-    @staticmethod
-    def agree(vectors: list[list[int]]) -> list[int]:
+    def encode_dense(self) -> list[int]:
+        """The width and fields, then one value per slot: for a MIN-allreduce, whose
+        vectors all have one length."""
+        return [*self.encode()[:self._HEAD - 1], *self.slots]
+
+    @classmethod
+    def decode_dense(cls, values: Sequence[int]) -> ControlVector:
+        """The vector :meth:`encode_dense` gave (or the MIN of several)."""
+        dense = values[cls._HEAD - 1:]
+        ready = [i for i, v in enumerate(dense) if v == READY]
+        invalid = [i for i, v in enumerate(dense) if v == INVALID]
+        return cls.decode([*values[:cls._HEAD - 1], len(ready), *ready, *invalid])
+
+    @classmethod
+    def _parts(cls, values: Sequence[int]
+               ) -> tuple[Sequence[int], Sequence[int], Sequence[int]]:
+        """An encoded vector's width and fields, its ready slots and its invalid ones."""
+        n = values[cls._HEAD - 1]
+        return values[:cls._HEAD - 1], values[cls._HEAD:cls._HEAD + n], values[cls._HEAD + n:]
+
+    @classmethod
+    def ready_in(cls, values: Sequence[int]) -> Sequence[int]:
+        """The ready slots an encoded vector lists."""
+        return cls._parts(values)[1]
+
+    @classmethod
+    def agree(cls, vectors: list[list[int]]) -> list[int]:
         """Encoded vectors agreed, encoded: each field's MIN, the slots ready on every
         rank and invalid on none, the slots invalid on any (as the element-wise
         MIN of dense vectors, INVALID < NOT_READY < READY).
@@ -90,29 +114,22 @@ class ControlVector:
         Raises:
             BackendError: the vectors' widths differ (the ranks' caches diverged).
         """
-        first = vectors[0]
-        head = ControlVector._HEAD
-        fields = first[1:head - 1]
-        ready = first[head:head + first[head - 1]]
-        invalid = first[head + first[head - 1]:]
+        head, ready, invalid = cls._parts(vectors[0])
+        width, fields, stale = head[0], head[1:], set(invalid)
         for rank, theirs in enumerate(vectors[1:], 1):
-            if theirs[0] != first[0]:
+            (their_width, *their_fields), their_ready, their_invalid = cls._parts(theirs)
+            if their_width != width:
                 raise BackendError(
-                    f"control vectors: rank {rank} has {theirs[0]} cache slots, rank 0 "
-                    f"{first[0]}; the ranks' caches diverged")
-            fields = [a if a < b else b for a, b in zip(fields, theirs[1:head - 1],
-                                                        strict=True)]
-            n = theirs[head - 1]
-            their_ready = theirs[head:head + n]
+                    f"control vectors: rank {rank} has {their_width} cache slots, rank 0 "
+                    f"{width}; the ranks' caches diverged")
+            fields = [a if a < b else b for a, b in zip(fields, their_fields, strict=True)]
             if their_ready != ready:  # in training, every rank is ready with the same
                 found = set(their_ready)
                 ready = [slot for slot in ready if slot in found]
-            if len(theirs) > head + n:
-                invalid = sorted(set(invalid).union(theirs[head + n:]))
-        if invalid and ready:
-            dropped = set(invalid)
-            ready = [slot for slot in ready if slot not in dropped]
-        return [first[0], *fields, len(ready), *ready, *invalid]
+            stale.update(their_invalid)
+        if stale and ready:
+            ready = [slot for slot in ready if slot not in stale]
+        return [width, *fields, len(ready), *ready, *sorted(stale)]
 
 
 def peers_waiting_in(vectors: Sequence[Sequence[int]], rank: int, waiting_here: set[int],
@@ -128,7 +145,7 @@ def peers_waiting_in(vectors: Sequence[Sequence[int]], rank: int, waiting_here: 
     for peer, values in enumerate(vectors):
         if peer == rank or not values:
             continue
-        names = [name_of(slot) for slot in ControlVector.decode(values).ready
+        names = [name_of(slot) for slot in ControlVector.ready_in(values)
                  if slot not in waiting_here]
         found = [f"allreduce '{name}'" for name in names if name is not None]
         if found:

@@ -91,11 +91,10 @@ class MeshControl:
         # not send its payload sent none: its tensors go through Gloo, on
         # every rank alike.
         # In training every rank sent the same vector: one layout serves all.
-        head = ControlVector._HEAD
         by_ready: dict[tuple[int, ...], Layout] = {}
         layouts = []
         for theirs, sent in messages:
-            key = tuple(theirs[head:head + theirs[head - 1]])
+            key = tuple(ControlVector.ready_in(theirs))
             found = by_ready.get(key)
             if found is None:
                 found = by_ready[key] = self._layout(list(key), budget)
@@ -120,12 +119,6 @@ class GlooControl:
         if group.size == 1:
             return vector, None
         # A MIN-allreduce needs vectors of one length: the slots go dense.
-        tensor = torch.tensor([vector.lists_received, int(vector.cache_usable),
-                               vector.fusion_threshold_kib, vector.cycle_us,
-                               vector.payload_budget, vector.wait_us, vector.minus_wait_us,
-                               *vector.slots], dtype=torch.int64)
+        tensor = torch.tensor(vector.encode_dense(), dtype=torch.int64)
         self._sets.backend("cpu", group).allreduce(tensor, ReduceKind.MIN)
-        v = tensor.tolist()
-        return ControlVector.of(v[7:], v[0], bool(v[1]), fusion_threshold_kib=v[2],
-                                cycle_us=v[3], payload_budget=v[4], wait_us=v[5],
-                                minus_wait_us=v[6]), None
+        return ControlVector.decode_dense(tensor.tolist()), None
