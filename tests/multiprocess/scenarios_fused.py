@@ -155,3 +155,79 @@ def fused_after_join():
         equal.append(_step_against_reference(opt, model, 100 + n, None,
                                              hvd.global_process_set))
     return {"last": last, "fused": _went_fused(opt), "equal": equal}
+
+
+def fused_gradient_handling():
+    """Fused steps whose gradients the script handles as torch lets it: each
+    step against the one-by-one reference, and each invalid call followed by
+    a step that must still work. Returns the steps' outcomes in order."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    ref = hvd.global_process_set
+    out: dict = {"steps": []}
+    n = iter(range(1000))
+
+    def backward() -> None:
+        model(_batch(next(n)), True).pow(2).sum().backward()
+
+    def checked(label: str) -> None:
+        out["steps"].append((label, _step_against_reference(opt, model, next(n), None, ref),
+                             _went_fused(opt)))
+
+    for label in ("first, one by one", "fused"):
+        opt.zero_grad()
+        backward()
+        checked(label)
+    # A gradient replaced by a new tensor between backward and step.
+    opt.zero_grad()
+    backward()
+    model.scale.grad = model.scale.grad * (hvd.rank() + 2)
+    checked("a gradient replaced")
+    # Clipped in place.
+    opt.zero_grad()
+    backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    checked("clipped in place")
+    # The module's zero_grad (sets every gradient to None), then the optimizer's
+    # zero_grad(set_to_none=False) (zeroes them in place).
+    model.zero_grad()
+    backward()
+    checked("module zero_grad")
+    opt.zero_grad(set_to_none=False)
+    backward()
+    checked("zero_grad(set_to_none=False)")
+    # Two backward passes before step(): the error of one by one, then a step.
+    opt.zero_grad()
+    backward()
+    try:
+        backward()
+    except RuntimeError as exc:
+        out["twice"] = str(exc)
+    opt.synchronize()
+    opt.zero_grad()
+    backward()
+    checked("after two backward passes")
+    # zero_grad() between backward and step(): the error, then a step.
+    opt.zero_grad()
+    backward()
+    try:
+        opt.zero_grad()
+    except AssertionError as exc:
+        out["zero_before_step"] = str(exc)
+    opt.synchronize()
+    opt.zero_grad()
+    backward()
+    checked("after zero_grad before step")
+    # Every rank gives a parameter new data of the same shape and dtype.
+    with torch.no_grad():
+        model.scale.data = model.scale.data.clone()
+    opt.zero_grad()
+    backward()
+    checked("new data, same shape")
+    opt.zero_grad()
+    backward()
+    checked("fused again")
+    out["params"] = {k: v.clone() for k, v in model.state_dict().items()}
+    return out

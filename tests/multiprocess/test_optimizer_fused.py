@@ -71,3 +71,22 @@ def test_a_join_sends_every_rank_back_to_checking_one_by_one(shared_coordinator)
     for out in results:
         assert out["equal"] == [True] * 3, out
         assert out["fused"]
+
+
+def test_gradients_handled_as_torch_lets_a_script_keep_the_bits_and_the_errors(
+        shared_coordinator):
+    """From the second step on, the fused gradients are views of one buffer that
+    zero_grad() zeroes in place; a script that replaces, clips or zeroes them
+    otherwise still gets the one-by-one bits, and the calls that are errors one
+    by one are errors fused, each followed by a step that works."""
+    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS,
+                                            "fused_gradient_handling")]
+    for out in results:
+        labels = [label for label, _, _ in out["steps"]]
+        assert [equal for _, equal, _ in out["steps"]] == [True] * len(labels), out["steps"]
+        fused = dict((label, went) for label, _, went in out["steps"])
+        assert all(fused.values()), fused
+        assert "was computed again before step()" in out["twice"], out
+        assert "zero_grad() was called after loss.backward()" in out["zero_before_step"], out
+    for key, tensor in results[0]["params"].items():
+        assert torch.equal(tensor, results[1]["params"][key]), key

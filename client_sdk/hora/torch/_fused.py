@@ -6,9 +6,21 @@ per-tensor path than on its bytes: each gradient is its own entry, name,
 handle, cache slot and view in the fusion buffer. When every gradient of a
 step is handed to the engine at ``synchronize()`` anyway (they total less
 than the hand-over threshold, so no allreduce starts during the backward
-pass), the optimizer copies them into one flat buffer of its own,
-allreduces that under one name and copies the results back: one entry
-instead of hundreds. Where the reduction adds each element in rank order
+pass), the optimizer allreduces one flat buffer of its own under one name: one
+entry instead of hundreds.
+
+When the buffer holds the gradients' own dtype (no compression that casts),
+each gradient is copied in once and then left as a view of the buffer:
+``p.grad`` is that view from then on, as with DDP's
+``gradient_as_bucket_view``, and the reduced values land in it with no copy
+back. The optimizer's ``zero_grad()`` zeroes the whole buffer in one call
+instead of setting 400 gradients to None, so backward accumulates into the
+views and the next step copies nothing. A script that sets a gradient to
+something else (a new tensor, None through ``model.zero_grad()``) is
+followed: that gradient is copied in and made a view again. What a script
+sees that differs from Horovod's optimizer: after ``zero_grad()`` the
+gradients are zeros rather than None (Horovod's synchronize() hands every
+parameter a gradient anyway, zeros for one that had none). Where the reduction adds each element in rank order
 (the mesh on one machine, any 2 ranks) the bits are those of one allreduce
 per gradient; a Gloo ring's order depends on an element's place in the
 buffer, as it did when the engine fused the gradients itself.
@@ -30,6 +42,7 @@ training began, costs that one step).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +58,9 @@ from .compression import Compression
 
 __all__ = ["_FusedGradients"]
 
+_GRAD = operator.attrgetter("grad")
+_DATA_PTR = torch.Tensor.data_ptr
+
 
 class _FusedGradients:
     """The flat buffer of an optimizer's dense gradients, in parameter order.
@@ -58,11 +74,13 @@ class _FusedGradients:
             before one, and from the start of a fused step until it succeeds
             (a failed step is followed by one that checks every gradient again).
         flat: the wire tensor, every gradient cast to the compression's dtype,
-            back to back (None while the parameters do not qualify).
+            back to back (None while the parameters do not qualify); its views
+            are the gradients when that dtype is theirs.
     """
 
     __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_shapes",
-                 "_dtype", "_names", "_limit", "_compression")
+                 "_dtype", "_names", "_limit", "_compression", "_as_grads",
+                 "_data")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
                  compression: Any) -> None:
@@ -110,6 +128,9 @@ class _FusedGradients:
         self._dtype = first.dtype
         wire = _wire_dtype(self._compression, first.dtype)
         self.flat, self._views, self._shapes = None, [], []
+        self._as_grads = wire == first.dtype
+        # Where each parameter's data was when its gradient was last checked.
+        self._data: list[int] = []
         if wire is None or any(p.dtype != first.dtype or p.device != first.device
                                for p in params):
             return
@@ -144,7 +165,11 @@ class _FusedGradients:
                   ) -> tuple[list[torch.Tensor] | None, str | None]:
         """Every parameter's gradient, ``dense(p)`` for one that has none (the
         optimizer's zeros), or None when one is sparse; and what is wrong when
-        one no longer has the shape or dtype the buffer was sized for."""
+        a gradient or its parameter no longer has the shape or dtype the buffer
+        was sized for. When every gradient is its view of the buffer already,
+        the views themselves (``_copy_in`` then copies nothing)."""
+        if self._in_place():
+            return self._views, None  # the buffer holds them already (see ``_copy_in``)
         grads: list[torch.Tensor] = []
         problem = None
         dtype = self._dtype
@@ -154,19 +179,32 @@ class _FusedGradients:
                 grad = dense(p)
             elif grad.is_sparse:
                 return None, None
-            if (grad.shape != shape or grad.dtype != dtype) and problem is None:
-                problem = (f"the gradient of {self._names[len(grads)]!r} is {grad.dtype} "
-                           f"{list(grad.shape)}, where its parameter was {dtype} "
-                           f"{list(shape)} when the optimizer last checked it")
+            if problem is None:
+                problem = _changed(self._names[len(grads)], "gradient", grad, dtype, shape) or (
+                    _changed(self._names[len(grads)], "parameter", p, dtype, shape))
             grads.append(grad)
+        if problem is None:
+            self._data = list(map(_DATA_PTR, self.params))
         return grads, problem
+
+    def _in_place(self) -> bool:
+        """Whether every gradient is its view of the buffer (``_copy_in`` made
+        it so) and every parameter's data is where it was when its gradient
+        was last checked: ``p.data = ...`` can change a parameter's shape or
+        dtype under a gradient that stays as it was (cheaper to ask than the
+        shape and dtype themselves)."""
+        params = self.params
+        return (self._as_grads and all(map(operator.is_, map(_GRAD, params), self._views))
+                and list(map(_DATA_PTR, params)) == self._data)
 
     def start(self, grads: list[torch.Tensor], problem: str | None, op: ReduceOp, pre: float,
               post: float, process_set: ProcessSet) -> Handle:
         """Copies ``grads`` into the flat buffer, cast as the compression casts
-        them, and starts its allreduce, which copies the results back into
-        ``grads`` (cast back) before its handle completes with ``grads``. The
-        caller waits on it at once.
+        them (those that are its views already stay where they are), and
+        starts its allreduce. The results are in the views, which are the
+        parameters' gradients, or are copied back into ``grads`` (cast back)
+        where the buffer holds another dtype, before its handle completes with
+        ``grads``. The caller waits on it at once.
 
         A ``problem`` (a gradient that no longer fits: its parameter changed on
         this rank) makes the call invalid: every rank gets the InvalidCallError,
@@ -176,17 +214,59 @@ class _FusedGradients:
         assert flat is not None
         self.validated = None  # until the step succeeds
         if problem is None:
-            torch._foreach_copy_(self._views, grads)
+            self._copy_in(grads)
             problem = _reduction_problem(flat, op, pre, post, "allreduce")
         set_id = check_process_set(process_set)
         entry = _allreduce_entry(flat, self.name, op, pre, post, set_id, waited=True)
         entry.result = functools.partial(self._copy_out, grads)
         return _enqueue(entry, problem)
 
+    def _copy_in(self, grads: list[torch.Tensor]) -> None:
+        """Copies each gradient into its view of the flat buffer, unless it is
+        that view already; when the buffer holds the gradients' own dtype, the
+        view becomes the parameter's gradient (see ``_copy_out``)."""
+        views = self._views
+        if grads is views:
+            return
+        if not self._as_grads:
+            torch._foreach_copy_(views, grads)
+            return
+        stale = [i for i, (grad, view) in enumerate(zip(grads, views, strict=True))
+                 if grad is not view]
+        if not stale:
+            return
+        torch._foreach_copy_([views[i] for i in stale], [grads[i] for i in stale])
+        params = self.params
+        for i in stale:
+            params[i].grad = grads[i] = views[i]
+
+    def zero_in_place(self) -> bool:
+        """Zeroes every gradient at once when each is its view of the buffer
+        and the last step succeeded. After a failed one (a parameter that
+        changed, say) the gradients are set to None instead, so that backward
+        makes them anew, shaped as the parameters are now."""
+        flat = self.flat
+        if (flat is None or not self._as_grads or self.validated is None
+                or not all(map(operator.is_, map(_GRAD, self.params), self._views))):
+            return False
+        flat.zero_()
+        return True
+
     def _copy_out(self, grads: list[torch.Tensor], _reduced: torch.Tensor
                   ) -> list[torch.Tensor]:
-        torch._foreach_copy_(grads, self._views)
+        if not self._as_grads:
+            torch._foreach_copy_(grads, self._views)
         return grads
+
+
+def _changed(name: str, what: str, tensor: torch.Tensor, dtype: torch.dtype,
+             shape: torch.Size) -> str | None:
+    """What is wrong when ``tensor``, the gradient or the parameter ``name``, no
+    longer has the dtype and shape the buffer was sized for."""
+    if tensor.shape == shape and tensor.dtype == dtype:
+        return None
+    return (f"the {what} of {name!r} is {tensor.dtype} {list(tensor.shape)}, where the "
+            f"parameter was {dtype} {list(shape)} when the optimizer last checked it")
 
 
 def _world(runtime: Any) -> tuple[Any, int]:

@@ -241,7 +241,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._handed_bytes >= HANDOVER_BYTES:
                 self._submit_handed()
             return
-        ready = self._ready.setdefault(gi, set())
+        ready = self._ready.get(gi)
+        if ready is None:
+            ready = self._ready[gi] = set()
         ready.add(slot)
         if len(ready) == len(members):
             del self._ready[gi]
@@ -434,6 +436,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                 "cause a race condition: the gradients are still being allreduced")
+        fused = self._fused
+        if fused is not None and fused.zero_in_place():
+            return None
         return super(self.__class__, self).zero_grad(set_to_none)
 
 
