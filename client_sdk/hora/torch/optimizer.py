@@ -52,12 +52,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     of the group is ready); ``step()`` submits what is left, waits for all of
     them and then runs the wrapped optimizer's update.
 
-    The bookkeeping of a step in progress (handles, group ready-sets, delay
-    counters) belongs to the world (runtime) it was made in. An elastic
-    reset, or ``shutdown()`` and ``init()``, joins a new world: whatever the
-    old world left in flight can never complete, so the first call in the new
-    world (a gradient hook, ``zero_grad``, ``synchronize`` or ``step``)
-    drops it and the retried step starts clean. Checking the world at the
+    The bookkeeping of a step in progress (handles, the gradients each group
+    still waits for, delay counters) belongs to the world (runtime) it was
+    made in. An elastic reset, or ``shutdown()`` and ``init()``, joins a new
+    world: whatever the old world left in flight can never complete, so the
+    first call in the new world (a gradient hook, ``zero_grad``,
+    ``synchronize`` or ``step``) drops it and the retried step starts clean. Checking the world at the
     point of use, instead of relying on a reset callback, covers every way
     a world ends and every optimizer, also those not held by a TorchState.
     """
@@ -85,7 +85,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._slot = {p: _Slot(p, gi, self._names[p], backward_passes_per_step)
                       for gi, members in enumerate(self._groups) for p in members}
         self._group_slots = [[self._slot[p] for p in members] for members in self._groups]
-        self._ready: dict[int, set[_Slot]] = {}  # group -> its gradients ready so far
+        self._group_sizes = [len(members) for members in self._groups]
+        # Each group's gradients not ready yet this step.
+        self._unready = self._group_sizes.copy()
         # A small model's gradients, allreduced as one from each world's second step on.
         self._fused = _FusedGradients.plan(
             self._groups, self._names, HANDOVER_BYTES, compression,
@@ -111,7 +113,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # -- the step in progress -------------------------------------------------
 
     def _reset_step(self) -> None:
-        """Forgets the step in progress: handles, ready-sets, delay counters."""
+        """Forgets the step in progress: handles, group counts, delay counters."""
         passes = self.backward_passes_per_step
         for slot in self._slot.values():  # no lookup keyed by a tensor: its hash is a call
             slot.pending = None
@@ -119,7 +121,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._pending.clear()
         self._handed.clear()
         self._handed_bytes = 0
-        self._ready.clear()
+        self._unready = self._group_sizes.copy()
         self._densified.clear()
         self._synchronized = False
         self._step_runtime = None
@@ -230,31 +232,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"{self.backward_passes_per_step} backward pass(es), or raise "
                 f"backward_passes_per_step")
         slot.delay -= 1
-        if slot.delay > 0:
+        if slot.delay:
+            # Passes left to accumulate; or (below 0) a gradient of a group not
+            # complete yet, computed again: noted once, as the first time.
             return
         gi = slot.group
-        members = self._groups[gi]
-        if len(members) == 1:
+        left = self._unready[gi] - 1
+        if left:
+            self._unready[gi] = left
+            return
+        self._unready[gi] = size = self._group_sizes[gi]
+        if size == 1:
             slot.pending = _HANDED_OVER
             self._handed.append(slot)
             self._handed_bytes += slot.nbytes
             if self._handed_bytes >= HANDOVER_BYTES:
                 self._submit_handed()
             return
-        ready = self._ready.get(gi)
-        if ready is None:
-            ready = self._ready[gi] = set()
-        ready.add(slot)
-        if len(ready) == len(members):
-            del self._ready[gi]
-            if self._fuses():
-                # The group is every gradient, and synchronize() sends them as one.
-                slots = self._group_slots[gi]
-                for member in slots:
-                    member.pending = _HANDED_OVER
-                self._handed.extend(slots)
-                return
-            self._submit(list(members))
+        if self._fuses():
+            # The group is every gradient, and synchronize() sends them as one.
+            slots = self._group_slots[gi]
+            for member in slots:
+                member.pending = _HANDED_OVER
+            self._handed.extend(slots)
+            return
+        self._submit(list(self._groups[gi]))
 
     def _submit_handed(self) -> None:
         """Submits the gradients the hooks noted, in the order they came: the
@@ -337,7 +339,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if several:
                 for gi, slots in enumerate(self._group_slots):
                     if not any(slot.pending is not None for slot in slots):
-                        self._ready.pop(gi, None)
+                        self._unready[gi] = self._group_sizes[gi]
                         self._submit(list(self._groups[gi]))
         # Also in a world of one (an elastic job that shrank): the hooks may
         # have started allreduces, which are waited for, not left behind.
