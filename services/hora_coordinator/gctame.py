@@ -15,7 +15,8 @@ that way (issue 25). Hence two rules:
 
 * young generations are collected before each freeze, so that cycles that are
   already garbage are freed, not frozen;
-* the frozen heap is measured after every full collection; once it has grown
+* the frozen heap is measured after every full collection, and between them
+  whenever what was frozen since could have grown it enough; once it has grown
   by a quarter (and at least ``_MIN_GROWTH`` objects) a full collection runs
   early. A steady coordinator, whose frozen heap stays the size of its live
   state, still collects in full only every ``_GC_FULL_S``; one that piles
@@ -50,27 +51,49 @@ def _full_collection() -> int:
     return gc.get_freeze_count()
 
 
+def _freeze_young() -> int:
+    """Collects the young generations and freezes what outlived them; how many
+    objects that froze. The survivors of ``gc.collect(1)`` are the whole old
+    generation (the last freeze emptied it), so counting them costs what they
+    number, where ``gc.get_freeze_count()`` walks the whole frozen heap."""
+    gc.collect(1)
+    added = len(gc.get_objects(generation=2))
+    gc.freeze()
+    return added
+
+
 async def tame_gc(freeze_s: float = _GC_FREEZE_S, full_s: float = _GC_FULL_S) -> None:
     """Freezes the heap every ``freeze_s`` and collects in full every ``full_s``,
-    or sooner when garbage piles up in the frozen heap (module docstring)."""
+    or sooner when garbage piles up in the frozen heap (module docstring).
+
+    The frozen heap is walked to count it only when what was frozen since the
+    last count could have grown it past the threshold: frozen objects that
+    reference counting freed leave it, so the sum of what each freeze added
+    bounds its growth. An idle coordinator never walks it; one whose heap
+    churns walks it once per threshold's worth of objects frozen.
+    """
     loop = asyncio.get_running_loop()
     last_full = loop.time()
     await asyncio.sleep(freeze_s)
-    gc.collect(1)
-    gc.freeze()
-    baseline = gc.get_freeze_count()  # what serving holds at start
+    _freeze_young()
+    baseline = counted = gc.get_freeze_count()  # what serving holds at start
+    added = 0  # frozen since the heap was last counted
     while True:
         await asyncio.sleep(freeze_s)
-        frozen = gc.get_freeze_count()
-        grown = frozen - baseline > max(_MIN_GROWTH, _GROWTH_FRACTION * baseline)
+        threshold = max(_MIN_GROWTH, _GROWTH_FRACTION * baseline)
+        grown = False
+        if counted + added - baseline > threshold:
+            counted, added = gc.get_freeze_count(), 0
+            grown = counted - baseline > threshold
         if grown or loop.time() - last_full > full_s:
+            frozen = counted + added
             started = loop.time()
-            baseline = _full_collection()
+            baseline = counted = _full_collection()
+            added = 0
             last_full = loop.time()
             log = logger.info if last_full - started > 0.1 else logger.debug
-            log("hora-coordinator: full garbage collection took %.2f s (%s; %d objects "
+            log("hora-coordinator: full garbage collection took %.2f s (%s; about %d objects "
                 "frozen before, %d after)", last_full - started,
                 "frozen heap grew" if grown else "periodic", frozen, baseline)
             continue
-        gc.collect(1)
-        gc.freeze()
+        added += _freeze_young()
