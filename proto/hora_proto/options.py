@@ -231,6 +231,12 @@ OPTIONS: tuple[Option, ...] = (
     _o("shm_allreduce_bytes", "int", 64 * MiB, ("HORA_SHM_ALLREDUCE_BYTES",),
        "when all ranks share a machine, cached CPU allreduces up to this many bytes per "
        "round go through shared memory instead of sockets (0: never)"),
+    # A small model's gradients stay views of the fused buffer: no copy in or
+    # out per step, at the price of zeros (not None) after zero_grad().
+    _o("gradient_views", "bool", True, ("HORA_GRADIENT_VIEWS",),
+       "a DistributedOptimizer whose gradients go as one allreduce keeps them as views of "
+       "its buffer, zeroed in place by zero_grad() (0: copy them in and out every step, "
+       "and zero_grad() sets them to None, as torch does)"),
     _o("timeline", "str", "", ("HORA_TIMELINE", "HOROVOD_TIMELINE"),
        "Chrome-trace timeline file written by rank 0",
        Flag(("--timeline-filename",), "timeline_filename", "text",

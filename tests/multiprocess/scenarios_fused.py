@@ -93,7 +93,10 @@ def fused_steps(variant: str, steps: int = 5):
             use_extra = hvd.rank() == 0 if variant == "unused_on_one_rank" else True
             model(_batch(10 * step + k, dtype), use_extra).pow(2).sum().backward()
         equal.append(_step_against_reference(opt, model, step, wire, pset))
-    return {"equal": equal, "fused": _went_fused(opt),
+    fused = _went_fused(opt)
+    opt.zero_grad()
+    return {"equal": equal, "fused": fused,
+            "none_after_zero_grad": all(p.grad is None for p in model.parameters()),
             "params": {k: v.clone() for k, v in model.state_dict().items()}}
 
 

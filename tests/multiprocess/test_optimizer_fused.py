@@ -21,7 +21,9 @@ SCENARIOS = Path(__file__).with_name("scenarios_fused.py")
 # default), a payload over the mesh's sockets, or no payload at all (Gloo, with the
 # gradients copied into the optimizer's buffer first).
 PATHS = {"socket_payload": {"HORA_SHM_ALLREDUCE_BYTES": "0"},
-         "no_payload": {"HORA_SHM_ALLREDUCE_BYTES": "0", "HORA_MESH_ALLREDUCE_BYTES": "0"}}
+         "no_payload": {"HORA_SHM_ALLREDUCE_BYTES": "0", "HORA_MESH_ALLREDUCE_BYTES": "0"},
+         # Gradients copied in and out each step, and set to None by zero_grad().
+         "no_views": {"HORA_GRADIENT_VIEWS": "0"}}
 
 
 @pytest.mark.parametrize("variant", ["plain", "fp16", "accumulate", "unused_on_one_rank",
@@ -35,6 +37,8 @@ def test_fused_steps_equal_one_by_one(shared_coordinator, variant):
     for value in results:
         assert value["equal"] == [True] * 5, value["equal"]
         assert value["fused"]
+        # Views of the buffer, zeroed in place, unless they are off or cast (fp16).
+        assert value["none_after_zero_grad"] == (variant in ("fp16", "no_views")), value
     for key, tensor in results[0]["params"].items():
         assert torch.equal(tensor, results[1]["params"][key]), key
 

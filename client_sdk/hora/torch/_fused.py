@@ -9,8 +9,8 @@ than the hand-over threshold, so no allreduce starts during the backward
 pass), the optimizer allreduces one flat buffer of its own under one name: one
 entry instead of hundreds.
 
-When the buffer holds the gradients' own dtype (no compression that casts),
-each gradient is copied in once and then left as a view of the buffer:
+When the buffer holds the gradients' own dtype (no compression that casts)
+and ``HORA_GRADIENT_VIEWS`` is not 0, each gradient is copied in once and then left as a view of the buffer:
 ``p.grad`` is that view from then on, as with DDP's
 ``gradient_as_bucket_view``, and the reduced values land in it with no copy
 back. The optimizer's ``zero_grad()`` zeroes the whole buffer in one call
@@ -48,15 +48,17 @@ from typing import Any
 
 import torch
 
+from .. import _runtime
 from .._ops import ReduceOp
 from ..engine import Handle
+from ..settings import Settings
 from ..world import ProcessSet, check_process_set
 from ._collectives import _allreduce_entry
 from ._submission import _enqueue
 from ._validation import _reduction_problem
 from .compression import Compression
 
-__all__ = ["_FusedGradients"]
+__all__ = ["_FusedGradients", "_gradient_views"]
 
 _GRAD = operator.attrgetter("grad")
 _DATA_PTR = torch.Tensor.data_ptr
@@ -80,11 +82,12 @@ class _FusedGradients:
 
     __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_shapes",
                  "_dtype", "_names", "_limit", "_compression", "_as_grads",
-                 "_data")
+                 "_data", "_views_wanted")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
-                 compression: Any) -> None:
+                 compression: Any, views: bool) -> None:
         self.params = params
+        self._views_wanted = views
         self.name = f"allreduce.fused.{len(params)}.{names[0]}"
         self._names = names
         self.validated: Any = None
@@ -100,7 +103,8 @@ class _FusedGradients:
 
     @classmethod
     def plan(cls, groups: list[list[torch.Tensor]], names: dict[torch.Tensor, str],
-             limit_bytes: int, compression: Any, sparse: bool) -> _FusedGradients | None:
+             limit_bytes: int, compression: Any, sparse: bool, views: bool
+             ) -> _FusedGradients | None:
         """The fused gradients of an optimizer with these groups, or None when it
         does not qualify: parameters reduced in several groups of the user's
         choosing (one group of them all qualifies), a single parameter,
@@ -108,7 +112,8 @@ class _FusedGradients:
         fp16 or bf16, gradients that reach ``limit_bytes`` (the hooks start those
         while backward runs), or ``sparse`` ones (a sparse optimizer's, or
         ``sparse_as_dense``: whether a gradient is sparse can differ from rank
-        to rank, and so would the path)."""
+        to rank, and so would the path). ``views``: the gradients may stay
+        views of the buffer (``HORA_GRADIENT_VIEWS``)."""
         if sparse:
             return None
         if len(groups) == 1:  # one group of every parameter (Lightning's on CPU)
@@ -119,7 +124,7 @@ class _FusedGradients:
             return None
         if len(params) < 2:
             return None
-        fused = cls(params, [names[p] for p in params], limit_bytes, compression)
+        fused = cls(params, [names[p] for p in params], limit_bytes, compression, views)
         return fused if fused.flat is not None else None
 
     def _fit(self) -> None:
@@ -128,7 +133,7 @@ class _FusedGradients:
         self._dtype = first.dtype
         wire = _wire_dtype(self._compression, first.dtype)
         self.flat, self._views, self._shapes = None, [], []
-        self._as_grads = wire == first.dtype
+        self._as_grads = self._views_wanted and wire == first.dtype
         # Where each parameter's data was when its gradient was last checked.
         self._data: list[int] = []
         if wire is None or any(p.dtype != first.dtype or p.device != first.device
@@ -267,6 +272,13 @@ def _changed(name: str, what: str, tensor: torch.Tensor, dtype: torch.dtype,
         return None
     return (f"the {what} of {name!r} is {tensor.dtype} {list(tensor.shape)}, where the "
             f"parameter was {dtype} {list(shape)} when the optimizer last checked it")
+
+
+def _gradient_views() -> bool:
+    """``HORA_GRADIENT_VIEWS``: the initialized world's setting, or the
+    environment's before ``hvd.init()``."""
+    runtime = _runtime._runtime
+    return (runtime.settings if runtime is not None else Settings.from_env()).gradient_views
 
 
 def _world(runtime: Any) -> tuple[Any, int]:

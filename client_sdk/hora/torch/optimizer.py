@@ -16,7 +16,7 @@ from ..errors import HoraError
 from ..world import take, wait
 from ._adasum_optimizer import _DistributedAdasumOptimizer
 from ._collectives import allreduce_gradient_async_, allreduce_gradients_async_
-from ._fused import _FusedGradients
+from ._fused import _FusedGradients, _gradient_views
 from ._optimizer_step import (
     _HANDED_OVER,
     HANDOVER_BYTES,
@@ -91,7 +91,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # A small model's gradients, allreduced as one from each world's second step on.
         self._fused = _FusedGradients.plan(
             self._groups, self._names, HANDOVER_BYTES, compression,
-            sparse=sparse_as_dense or isinstance(self, torch.optim.SparseAdam))
+            sparse=sparse_as_dense or isinstance(self, torch.optim.SparseAdam),
+            views=_gradient_views())
         # The allreduces in flight this step, in the order they started.
         self._pending: list[_Pending] = []
         # Gradients the hooks noted and not submitted yet, in order, and their bytes.
@@ -232,9 +233,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"{self.backward_passes_per_step} backward pass(es), or raise "
                 f"backward_passes_per_step")
         slot.delay -= 1
-        if slot.delay:
-            # Passes left to accumulate; or (below 0) a gradient of a group not
-            # complete yet, computed again: noted once, as the first time.
+        if slot.delay:  # passes left; or below 0: computed again, its group not complete
             return
         gi = slot.group
         left = self._unready[gi] - 1
@@ -438,9 +437,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                 "cause a race condition: the gradients are still being allreduced")
-        fused = self._fused
-        if fused is not None and fused.zero_in_place():
-            return None
+        if self._fused is not None and self._fused.zero_in_place():
+            return None  # the gradients are views of its buffer: zeroed in one call
         return super(self.__class__, self).zero_grad(set_to_none)
 
 
