@@ -183,6 +183,21 @@ def fused_gradient_handling():
         opt.zero_grad()
         backward()
         checked(label)
+    # The gradients are views of the buffer now, zeroed in place.
+    flat = opt._fused.flat.untyped_storage().data_ptr()
+    out["views"] = all(p.grad.untyped_storage().data_ptr() == flat
+                       for p in model.parameters())
+    opt.zero_grad()
+    out["zeros"] = all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    backward()
+    checked("after zero_grad in place")
+    # Converted and back on every rank (Module._apply gives the gradients new
+    # storage and keeps the tensors).
+    model.double()
+    model.float()
+    opt.zero_grad()
+    backward()
+    checked("converted and back")
     # A gradient replaced by a new tensor between backward and step.
     opt.zero_grad()
     backward()
@@ -232,5 +247,34 @@ def fused_gradient_handling():
     opt.zero_grad()
     backward()
     checked("fused again")
+    # Every rank gives a parameter new data of another shape: one step fails
+    # on every rank, the next checks one by one, then fused again.
+    model.scale.data = torch.full((1,), 0.5)
+    for label in ("reshaped", "reshaped, one by one", "reshaped, fused"):
+        opt.zero_grad()
+        backward()
+        try:
+            checked(label)
+        except InvalidCallError as exc:
+            out["reshaped"] = str(exc)
     out["params"] = {k: v.clone() for k, v in model.state_dict().items()}
     return out
+
+
+def fused_partial_cover():
+    """A parameter frozen when the optimizer was wrapped, unfrozen later: the
+    fused buffer does not hold it, and zero_grad() must still clear it. Two
+    steps on the same batch at lr 0 give the same gradients."""
+    torch.manual_seed(0)
+    model = Net()
+    model.extra.requires_grad_(False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters())
+    model.extra.requires_grad_(True)
+    grads = []
+    for _ in range(4):
+        opt.zero_grad()
+        model(_batch(7), True).pow(2).sum().backward()
+        opt.step()
+        grads.append(model.extra.grad.clone())
+    return {"same": all(torch.equal(g, grads[0]) for g in grads), "fused": _went_fused(opt)}

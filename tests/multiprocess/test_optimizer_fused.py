@@ -87,10 +87,21 @@ def test_gradients_handled_as_torch_lets_a_script_keep_the_bits_and_the_errors(
                                             "fused_gradient_handling")]
     for out in results:
         labels = [label for label, _, _ in out["steps"]]
+        assert "reshaped" not in labels, out["steps"]  # it raised
         assert [equal for _, equal, _ in out["steps"]] == [True] * len(labels), out["steps"]
         fused = dict((label, went) for label, _, went in out["steps"])
         assert all(fused.values()), fused
+        assert out["views"] and out["zeros"], out
+        assert "'scale'" in out["reshaped"] and "[1]" in out["reshaped"], out
         assert "was computed again before step()" in out["twice"], out
         assert "zero_grad() was called after loss.backward()" in out["zero_before_step"], out
     for key, tensor in results[0]["params"].items():
         assert torch.equal(tensor, results[1]["params"][key]), key
+
+
+def test_a_parameter_the_buffer_does_not_hold_is_still_zeroed(shared_coordinator):
+    results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS,
+                                            "fused_partial_cover")]
+    for out in results:
+        assert out["same"], out
+        assert out["fused"], out

@@ -33,6 +33,12 @@ _SCRIPT = textwrap.dedent("""
             self.me = self
 
     async def main():
+        gc.collect()
+        gc.freeze()
+        before = real_count()
+        young = [[i] for i in range(50_000)]
+        added = gctame._freeze_young()  # what one tick froze, as the loop counts it
+        froze = real_count() - before
         live = [[i] for i in range(400_000)]  # a large heap that stays
         task = asyncio.create_task(gctame.tame_gc(freeze_s=TICK, full_s=3600))
         await asyncio.sleep(0.5)
@@ -56,7 +62,7 @@ _SCRIPT = textwrap.dedent("""
         task.cancel()
         print(json.dumps({"baseline": baseline, "peak": peak, "collected": collected,
                           "idle_counts": idle_counts, "idle_ticks": idle_ticks,
-                          "live": len(live)}))
+                          "added": added, "froze": froze, "live": len(live) + len(young)}))
 
     asyncio.run(main())
 """)
@@ -67,6 +73,9 @@ def test_frozen_garbage_is_collected_and_a_large_heap_is_not_walked_every_tick()
                           timeout=90, check=False)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # A tick's count of what it froze is the frozen heap's growth (a few
+    # objects of slack: anything made between the count and the freeze).
+    assert out["froze"] >= 50_000 and abs(out["added"] - out["froze"]) <= 16, out
     # Garbage frozen with the heap piled up, and a full collection freed it.
     assert out["collected"], out
     # Walking 400,000 frozen objects takes milliseconds: far fewer walks than ticks.

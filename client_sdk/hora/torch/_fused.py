@@ -9,21 +9,23 @@ than the hand-over threshold, so no allreduce starts during the backward
 pass), the optimizer allreduces one flat buffer of its own under one name: one
 entry instead of hundreds.
 
-When the buffer holds the gradients' own dtype (no compression that casts)
-and ``HORA_GRADIENT_VIEWS`` is not 0, each gradient is copied in once and then left as a view of the buffer:
-``p.grad`` is that view from then on, as with DDP's
-``gradient_as_bucket_view``, and the reduced values land in it with no copy
-back. The optimizer's ``zero_grad()`` zeroes the whole buffer in one call
-instead of setting 400 gradients to None, so backward accumulates into the
-views and the next step copies nothing. A script that sets a gradient to
-something else (a new tensor, None through ``model.zero_grad()``) is
-followed: that gradient is copied in and made a view again. What a script
-sees that differs from Horovod's optimizer: after ``zero_grad()`` the
-gradients are zeros rather than None (Horovod's synchronize() hands every
-parameter a gradient anyway, zeros for one that had none). Where the reduction adds each element in rank order
-(the mesh on one machine, any 2 ranks) the bits are those of one allreduce
-per gradient; a Gloo ring's order depends on an element's place in the
-buffer, as it did when the engine fused the gradients itself.
+When the buffer holds the gradients' own dtype (no compression, or fp16 or
+bf16 of a model already in it), the parameters are contiguous and
+``HORA_GRADIENT_VIEWS`` is not 0, each gradient is copied in once and then
+left as a view of the buffer: ``p.grad`` is that view from then on, as with
+DDP's ``gradient_as_bucket_view``, and the reduced values land in it with
+no copy back. The optimizer's ``zero_grad()`` zeroes the whole buffer in
+one call instead of setting 400 gradients to None, so backward accumulates
+into the views and the next step copies nothing. A script that sets a
+gradient to something else (a new tensor, None through
+``model.zero_grad()``) is followed: that gradient is copied in and made a
+view again. What a script sees that differs from Horovod's optimizer: from
+``zero_grad()`` to ``synchronize()`` the gradients are zeros rather than
+None (Horovod's synchronize() hands every parameter a gradient anyway,
+zeros for one that had none). Where the reduction adds each element in rank
+order (the mesh on one machine, any 2 ranks) the bits are those of one
+allreduce per gradient; a Gloo ring's order depends on an element's place
+in the buffer, as it did when the engine fused the gradients itself.
 
 The first step of each world goes gradient by gradient, so that the
 coordinator checks every gradient's name, dtype and shape across ranks and
@@ -61,6 +63,7 @@ from .compression import Compression
 __all__ = ["_FusedGradients", "_gradient_views"]
 
 _GRAD = operator.attrgetter("grad")
+_SHAPE = operator.attrgetter("shape")
 _DATA_PTR = torch.Tensor.data_ptr
 
 
@@ -82,7 +85,7 @@ class _FusedGradients:
 
     __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_shapes",
                  "_dtype", "_names", "_limit", "_compression", "_as_grads",
-                 "_data", "_views_wanted")
+                 "_data", "_views_wanted", "_view_data")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
                  compression: Any, views: bool) -> None:
@@ -133,7 +136,11 @@ class _FusedGradients:
         self._dtype = first.dtype
         wire = _wire_dtype(self._compression, first.dtype)
         self.flat, self._views, self._shapes = None, [], []
-        self._as_grads = self._views_wanted and wire == first.dtype
+        self._view_data: list[int] = []  # where each view's data was made
+        # The views are contiguous: a parameter that is not (a channels_last
+        # weight) wants a gradient with its own strides (torch's layout contract).
+        self._as_grads = (self._views_wanted and wire == first.dtype
+                          and all(p.is_contiguous() for p in params))
         # Where each parameter's data was when its gradient was last checked.
         self._data: list[int] = []
         if wire is None or any(p.dtype != first.dtype or p.device != first.device
@@ -143,9 +150,16 @@ class _FusedGradients:
         if sum(numels) * first.element_size() >= self._limit:
             return
         self.flat = torch.empty(sum(numels), dtype=wire, device=first.device)
-        self._views = [v.view(p.shape) for v, p in
-                       zip(self.flat.split(numels), params, strict=True)]
-        self._shapes = [view.shape for view in self._views]
+        self._shapes = [p.shape for p in params]
+        self._renew_views()
+
+    def _renew_views(self) -> None:
+        """Views of ``flat`` shaped as the parameters were when it was sized."""
+        assert self.flat is not None
+        numels = [shape.numel() for shape in self._shapes]
+        self._views = [v.view(shape) for v, shape in
+                       zip(self.flat.split(numels), self._shapes, strict=True)]
+        self._view_data = list(map(_DATA_PTR, self._views))
 
     def active(self, runtime: Any) -> bool:
         """Whether a step of ``runtime`` goes as one allreduce: the optimizer
@@ -173,8 +187,13 @@ class _FusedGradients:
         a gradient or its parameter no longer has the shape or dtype the buffer
         was sized for. When every gradient is its view of the buffer already,
         the views themselves (``_copy_in`` then copies nothing)."""
-        if self._in_place():
+        if self._as_grads and all(map(operator.is_, map(_GRAD, self.params), self._views)):
             return self._views, None  # the buffer holds them already (see ``_copy_in``)
+        if self._as_grads and list(map(_DATA_PTR, self._views)) != self._view_data:
+            # A conversion (``Module._apply``: model.double(), .to(...)) gave the
+            # views new storage and kept them as the gradients: new views, and
+            # the gradients are copied in.
+            self._renew_views()
         grads: list[torch.Tensor] = []
         problem = None
         dtype = self._dtype
@@ -192,15 +211,6 @@ class _FusedGradients:
             self._data = list(map(_DATA_PTR, self.params))
         return grads, problem
 
-    def _in_place(self) -> bool:
-        """Whether every gradient is its view of the buffer (``_copy_in`` made
-        it so) and every parameter's data is where it was when its gradient
-        was last checked: ``p.data = ...`` can change a parameter's shape or
-        dtype under a gradient that stays as it was (cheaper to ask than the
-        shape and dtype themselves)."""
-        params = self.params
-        return (self._as_grads and all(map(operator.is_, map(_GRAD, params), self._views))
-                and list(map(_DATA_PTR, params)) == self._data)
 
     def start(self, grads: list[torch.Tensor], problem: str | None, op: ReduceOp, pre: float,
               post: float, process_set: ProcessSet) -> Handle:
@@ -245,14 +255,21 @@ class _FusedGradients:
         for i in stale:
             params[i].grad = grads[i] = views[i]
 
-    def zero_in_place(self) -> bool:
-        """Zeroes every gradient at once when each is its view of the buffer
-        and the last step succeeded. After a failed one (a parameter that
-        changed, say) the gradients are set to None instead, so that backward
-        makes them anew, shaped as the parameters are now."""
-        flat = self.flat
+    def zero_in_place(self, groups: list[dict[str, Any]]) -> bool:
+        """Zeroes every gradient at once when each is its view of the buffer,
+        the last step succeeded, and every parameter's data is where and as it
+        was when its gradient was last checked. Otherwise (a failed step, a
+        parameter given new data or converted) the caller sets the gradients
+        to None, so that backward makes them anew, shaped as the parameters
+        are now, and the next step checks them. So it does when the
+        optimizer's ``groups`` hold parameters the buffer does not (frozen
+        when it was wrapped, or added since)."""
+        flat, params = self.flat, self.params
         if (flat is None or not self._as_grads or self.validated is None
-                or not all(map(operator.is_, map(_GRAD, self.params), self._views))):
+                or len(params) != sum(len(group["params"]) for group in groups)
+                or not all(map(operator.is_, map(_GRAD, params), self._views))
+                or list(map(_DATA_PTR, params)) != self._data
+                or list(map(_SHAPE, params)) != self._shapes):
             return False
         flat.zero_()
         return True
