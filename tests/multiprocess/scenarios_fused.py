@@ -216,28 +216,25 @@ def fused_gradient_handling():
     opt.zero_grad(set_to_none=False)
     backward()
     checked("zero_grad(set_to_none=False)")
-    # Two backward passes before step(): the error of one by one, then a step.
-    opt.zero_grad()
-    backward()
-    try:
-        backward()
-    except RuntimeError as exc:
-        out["twice"] = str(exc)
-    opt.synchronize()
-    opt.zero_grad()
-    backward()
-    checked("after two backward passes")
-    # zero_grad() between backward and step(): the error, then a step.
-    opt.zero_grad()
-    backward()
-    try:
+    def refused_then_a_step(key: str, call, error: type[Exception], label: str) -> None:
+        """After a backward pass, ``call`` must raise ``error`` (kept under
+        ``key``); the step is synchronized away and the next one must work."""
         opt.zero_grad()
-    except AssertionError as exc:
-        out["zero_before_step"] = str(exc)
-    opt.synchronize()
-    opt.zero_grad()
-    backward()
-    checked("after zero_grad before step")
+        backward()
+        try:
+            call()
+        except error as exc:
+            out[key] = str(exc)
+        opt.synchronize()
+        opt.zero_grad()
+        backward()
+        checked(label)
+
+    # Two backward passes before step(), and zero_grad() between backward and
+    # step(): the errors of one by one, each followed by a step.
+    refused_then_a_step("twice", backward, RuntimeError, "after two backward passes")
+    refused_then_a_step("zero_before_step", opt.zero_grad, AssertionError,
+                        "after zero_grad before step")
     # Every rank gives a parameter new data of the same shape and dtype.
     with torch.no_grad():
         model.scale.data = model.scale.data.clone()

@@ -187,7 +187,7 @@ class _FusedGradients:
         a gradient or its parameter no longer has the shape or dtype the buffer
         was sized for. When every gradient is its view of the buffer already,
         the views themselves (``_copy_in`` then copies nothing)."""
-        if self._as_grads and all(map(operator.is_, map(_GRAD, self.params), self._views)):
+        if self._as_grads and self._grads_are_views():
             return self._views, None  # the buffer holds them already (see ``_copy_in``)
         if self._as_grads and list(map(_DATA_PTR, self._views)) != self._view_data:
             # A conversion (``Module._apply``: model.double(), .to(...)) gave the
@@ -204,8 +204,9 @@ class _FusedGradients:
             elif grad.is_sparse:
                 return None, None
             if problem is None:
-                problem = _changed(self._names[len(grads)], "gradient", grad, dtype, shape) or (
-                    _changed(self._names[len(grads)], "parameter", p, dtype, shape))
+                name = self._names[len(grads)]
+                problem = (_changed(name, "gradient", grad, dtype, shape)
+                           or _changed(name, "parameter", p, dtype, shape))
             grads.append(grad)
         if problem is None:
             self._data = list(map(_DATA_PTR, self.params))
@@ -235,6 +236,10 @@ class _FusedGradients:
         entry = _allreduce_entry(flat, self.name, op, pre, post, set_id, waited=True)
         entry.result = functools.partial(self._copy_out, grads)
         return _enqueue(entry, problem)
+
+    def _grads_are_views(self) -> bool:
+        """Whether every parameter's gradient is its view of the buffer."""
+        return all(map(operator.is_, map(_GRAD, self.params), self._views))
 
     def _copy_in(self, grads: list[torch.Tensor]) -> None:
         """Copies each gradient into its view of the flat buffer, unless it is
@@ -267,7 +272,7 @@ class _FusedGradients:
         flat, params = self.flat, self.params
         if (flat is None or not self._as_grads or self.validated is None
                 or len(params) != sum(len(group["params"]) for group in groups)
-                or not all(map(operator.is_, map(_GRAD, params), self._views))
+                or not self._grads_are_views()
                 or list(map(_DATA_PTR, params)) != self._data
                 or list(map(_SHAPE, params)) != self._shapes):
             return False
