@@ -57,9 +57,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     made in. An elastic reset, or ``shutdown()`` and ``init()``, joins a new
     world: whatever the old world left in flight can never complete, so the
     first call in the new world (a gradient hook, ``zero_grad``,
-    ``synchronize`` or ``step``) drops it and the retried step starts clean. Checking the world at the
-    point of use, instead of relying on a reset callback, covers every way
-    a world ends and every optimizer, also those not held by a TorchState.
+    ``synchronize`` or ``step``) drops it and the retried step starts clean.
+    Checking the world at the point of use, instead of relying on a reset
+    callback, covers every way a world ends and every optimizer, also those
+    not held by a TorchState.
     """
 
     def __init__(self, params: Any, named_parameters: Iterable[tuple[str, Any]] | None,
