@@ -275,3 +275,47 @@ def fused_partial_cover():
         opt.step()
         grads.append(model.extra.grad.clone())
     return {"same": all(torch.equal(g, grads[0]) for g in grads), "fused": _went_fused(opt)}
+
+
+def fused_unused_sparse(variant: str):
+    """An ``Embedding(sparse=True)`` unused in the first steps, then used (by
+    every rank, or by rank 0 only in the variant ``"rank_0"``): once used, its
+    gradient is sparse after synchronize(), as with Horovod (the fused steps
+    before gave it zeros, and must not have left it a dense view that
+    backward then adds the sparse gradient into), and a rank that did not use
+    it makes the same call. Per step: whether the embedding's gradient was
+    None after zero_grad(), whether it was sparse after synchronize(), whether
+    it matched the dense reference, and whether every other gradient matched
+    its reference bit for bit."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(6, 3, sparse=True)
+    head = torch.nn.Linear(3, 2)
+    params = [emb.weight, *head.parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1),
+                                   named_parameters=[("emb", emb.weight),
+                                                     *head.named_parameters()])
+    out: dict = {"none": [], "sparse": [], "emb_equal": [], "dense_equal": []}
+    for step in range(6):
+        opt.zero_grad()
+        out["none"].append(emb.weight.grad is None)
+        gen = torch.Generator().manual_seed(100 * step + hvd.rank())
+        x = torch.randn(4, 3, generator=gen)
+        if step >= 3 and (variant != "rank_0" or hvd.rank() == 0):  # from the fourth step on
+            x = x + emb(torch.randint(0, 6, (4,), generator=gen))
+        head(x).pow(2).sum().backward()
+        local = [p.grad.to_dense() if p.grad is not None else torch.zeros_like(p)
+                 for p in params]
+        expected = [hvd.allreduce(g, name=f"reference.sparse.{step}.{i}")
+                    for i, g in enumerate(local)]
+        opt.synchronize()
+        grad = emb.weight.grad
+        out["sparse"].append(grad is not None and grad.is_sparse)
+        out["emb_equal"].append(grad is not None
+                                and torch.allclose(grad.to_dense(), expected[0]))
+        out["dense_equal"].append(all(torch.equal(p.grad, e) for p, e in
+                                      zip(params[1:], expected[1:], strict=True)))
+        with opt.skip_synchronize():
+            opt.step()
+    out["fused"] = _went_fused(opt)
+    out["params"] = [p.detach().clone() for p in params]
+    return out

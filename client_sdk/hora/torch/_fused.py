@@ -19,10 +19,15 @@ one call instead of setting 400 gradients to None, so backward accumulates
 into the views and the next step copies nothing. A script that sets a
 gradient to something else (a new tensor, None through
 ``model.zero_grad()``) is followed: that gradient is copied in and made a
-view again. What a script sees that differs from Horovod's optimizer: from
-``zero_grad()`` to ``synchronize()`` the gradients are zeros rather than
-None (Horovod's synchronize() hands every parameter a gradient anyway,
-zeros for one that had none). Where the reduction adds each element in rank
+view again. A parameter without a gradient in a step gets zeros (its view),
+and ``zero_grad()`` sets it to None again, so that the next backward that
+uses it makes the gradient it would without hora (a sparse one, for
+``Embedding(sparse=True)``: reduced dense in the buffer, it is handed back
+sparse).
+What a script sees that differs from Horovod's optimizer: from
+``zero_grad()`` to ``synchronize()`` the gradients of the parameters used
+in the last step are zeros rather than None (Horovod's synchronize() hands
+every parameter a gradient anyway, zeros for one that had none). Where the reduction adds each element in rank
 order (the mesh on one machine, any 2 ranks) the bits are those of one
 allreduce per gradient; a Gloo ring's order depends on an element's place
 in the buffer, as it did when the engine fused the gradients itself.
@@ -85,7 +90,7 @@ class _FusedGradients:
 
     __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_shapes",
                  "_dtype", "_names", "_limit", "_compression", "_as_grads",
-                 "_data", "_views_wanted", "_view_data")
+                 "_data", "_views_wanted", "_view_data", "_unused", "_resparse")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
                  compression: Any, views: bool) -> None:
@@ -143,6 +148,11 @@ class _FusedGradients:
                           and all(p.is_contiguous() for p in params))
         # Where each parameter's data was when its gradient was last checked.
         self._data: list[int] = []
+        # The parameters (by index) without a gradient in the last step: given
+        # zeros then, and None again by zero_grad().
+        self._unused: list[int] = []
+        # This step's sparse gradients (by index): their sparse_dim (see ``gradients``).
+        self._resparse: dict[int, int] = {}
         if wire is None or any(p.dtype != first.dtype or p.device != first.device
                                for p in params):
             return
@@ -181,13 +191,20 @@ class _FusedGradients:
         self.validated = _world(runtime) if self.flat is not None else None
 
     def gradients(self, dense: Callable[[torch.Tensor], torch.Tensor]
-                  ) -> tuple[list[torch.Tensor] | None, str | None]:
+                  ) -> tuple[list[torch.Tensor], str | None]:
         """Every parameter's gradient, ``dense(p)`` for one that has none (the
-        optimizer's zeros), or None when one is sparse; and what is wrong when
-        a gradient or its parameter no longer has the shape or dtype the buffer
-        was sized for. When every gradient is its view of the buffer already,
-        the views themselves (``_copy_in`` then copies nothing)."""
-        if self._as_grads and self._grads_are_views():
+        optimizer's zeros); and what is wrong when a gradient or its parameter
+        no longer has the shape or dtype the buffer was sized for. When every
+        gradient is its view of the buffer already, the views themselves
+        (``_copy_in`` then copies nothing).
+
+        A sparse gradient (of an ``Embedding(sparse=True)`` unused in the
+        world's first step: one used there sends every step gradient by
+        gradient) is reduced dense with the others and handed back sparse
+        (``_copy_out``): whether it is sparse may differ from rank to rank,
+        and every rank must make the same call."""
+        self._resparse = {}
+        if self._as_grads and (self._grads_are_views() or self._views_but_unused()):
             return self._views, None  # the buffer holds them already (see ``_copy_in``)
         if self._as_grads and list(map(_DATA_PTR, self._views)) != self._view_data:
             # A conversion (``Module._apply``: model.double(), .to(...)) gave the
@@ -197,12 +214,16 @@ class _FusedGradients:
         grads: list[torch.Tensor] = []
         problem = None
         dtype = self._dtype
+        unused = []
+        resparse = {}
         for p, shape in zip(self.params, self._shapes, strict=True):
             grad = p.grad
             if grad is None:
+                unused.append(len(grads))
                 grad = dense(p)
             elif grad.is_sparse:
-                return None, None
+                resparse[len(grads)] = grad.sparse_dim()
+                grad = grad.to_dense()
             if problem is None:
                 name = self._names[len(grads)]
                 problem = (_changed(name, "gradient", grad, dtype, shape)
@@ -210,6 +231,8 @@ class _FusedGradients:
             grads.append(grad)
         if problem is None:
             self._data = list(map(_DATA_PTR, self.params))
+            self._unused = unused
+        self._resparse = resparse
         return grads, problem
 
 
@@ -240,6 +263,25 @@ class _FusedGradients:
     def _grads_are_views(self) -> bool:
         """Whether every parameter's gradient is its view of the buffer."""
         return all(map(operator.is_, map(_GRAD, self.params), self._views))
+
+    def _views_but_unused(self) -> bool:
+        """Whether every gradient is its view of the buffer, but for parameters
+        unused in the last step that still have none; those get their view,
+        zeroed (Horovod's zeros for a parameter without a gradient)."""
+        unused = self._unused
+        if not unused:
+            return False
+        params, views = self.params, self._views
+        grads = list(map(_GRAD, params))
+        still = [i for i in unused if grads[i] is None]
+        for i in still:
+            grads[i] = views[i]
+        if not all(map(operator.is_, grads, views)):
+            return False
+        for i in still:
+            params[i].grad = views[i].zero_()
+        self._unused = still
+        return True
 
     def _copy_in(self, grads: list[torch.Tensor]) -> None:
         """Copies each gradient into its view of the flat buffer, unless it is
@@ -277,12 +319,23 @@ class _FusedGradients:
                 or list(map(_SHAPE, params)) != self._shapes):
             return False
         flat.zero_()
+        for i in self._unused:
+            # No gradient in the last step (an embedding it did not use, say):
+            # None again, so that backward makes the gradient it would without
+            # hora (a sparse one for Embedding(sparse=True)).
+            params[i].grad = None
         return True
 
     def _copy_out(self, grads: list[torch.Tensor], _reduced: torch.Tensor
                   ) -> list[torch.Tensor]:
         if not self._as_grads:
             torch._foreach_copy_(grads, self._views)
+        if self._resparse:
+            # Sparse here before the step: sparse again, with the rows whose sum is nonzero.
+            reduced = self._views if self._as_grads else grads
+            for i, sparse_dim in self._resparse.items():
+                self.params[i].grad = reduced[i].to_sparse(sparse_dim)
+            self._resparse = {}
         return grads
 
 

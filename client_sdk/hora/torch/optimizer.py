@@ -362,8 +362,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return False
         assert fused is not None
         grads, problem = fused.gradients(self._dense_grad)
-        if grads is None:
-            return False  # a sparse gradient: the step goes gradient by gradient
         pre, post = self._scales()
         handle = fused.start(grads, problem, self._op, pre, post, self._process_set)
         self._pending.append(_Pending(fused.params, handle, fused.no_contexts, grads))
