@@ -198,6 +198,13 @@ def fused_gradient_handling():
     opt.zero_grad()
     backward()
     checked("converted and back")
+    # The same between zero_grad() and backward: the views are the gradients
+    # still, but no longer hold their bytes.
+    opt.zero_grad()
+    model.double()
+    model.float()
+    backward()
+    checked("converted and back after zero_grad")
     # A gradient replaced by a new tensor between backward and step.
     opt.zero_grad()
     backward()
@@ -282,10 +289,14 @@ def fused_unused_sparse(variant: str):
     every rank, or by rank 0 only in the variant ``"rank_0"``): once used, its
     gradient is sparse after synchronize(), as with Horovod (the fused steps
     before gave it zeros, and must not have left it a dense view that
-    backward then adds the sparse gradient into), and a rank that did not use
-    it makes the same call. Per step: whether the embedding's gradient was
-    None after zero_grad(), whether it was sparse after synchronize(), whether
-    it matched the dense reference, and whether every other gradient matched
+    backward then adds the sparse gradient into), on every rank (a rank that
+    did not use it makes the same call and gets the same gradient). With
+    ``zero_grad(set_to_none=False)`` from the third step on (variant
+    ``"keep_zeros"``) the zeros stay, as with torch, and the gradient stays
+    dense. zero_grad() is called twice
+    a step. Per step: whether the embedding's gradient was None after
+    zero_grad(), whether it was sparse after synchronize(), whether it
+    matched the dense reference, and whether every other gradient matched
     its reference bit for bit."""
     torch.manual_seed(0)
     emb = torch.nn.Embedding(6, 3, sparse=True)
@@ -296,7 +307,8 @@ def fused_unused_sparse(variant: str):
                                                      *head.named_parameters()])
     out: dict = {"none": [], "sparse": [], "emb_equal": [], "dense_equal": []}
     for step in range(6):
-        opt.zero_grad()
+        for _ in range(2):
+            opt.zero_grad(set_to_none=variant != "keep_zeros" or step < 2)
         out["none"].append(emb.weight.grad is None)
         gen = torch.Generator().manual_seed(100 * step + hvd.rank())
         x = torch.randn(4, 3, generator=gen)

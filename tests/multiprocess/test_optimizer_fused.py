@@ -107,18 +107,22 @@ def test_a_parameter_the_buffer_does_not_hold_is_still_zeroed(shared_coordinator
         assert out["fused"], out
 
 
-@pytest.mark.parametrize("variant", ["all", "rank_0", "no_views"])
+@pytest.mark.parametrize("variant", ["all", "rank_0", "no_views", "keep_zeros"])
 def test_a_sparse_embedding_unused_at_first_gets_sparse_gradients_once_used(
         shared_coordinator, variant):
     results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS,
                                             "fused_unused_sparse", (variant,),
                                             env=PATHS.get(variant))]
-    for rank, out in enumerate(results):
+    for out in results:
         # Unused: None after zero_grad(), dense zeros after synchronize() (Horovod's
-        # fill for a parameter without a gradient); used: sparse, as Horovod's.
-        used = variant != "rank_0" or rank == 0
-        assert out["none"] == [True] * 6, out
-        assert out["sparse"] == [False] * 3 + [used] * 3, out
+        # fill for a parameter without a gradient); used on any rank: sparse on
+        # every rank. With set_to_none=False: zeros, and dense, as torch's.
+        if variant == "keep_zeros":
+            assert out["none"] == [True] * 2 + [False] * 4, out
+            assert out["sparse"] == [False] * 6, out
+        else:
+            assert out["none"] == [True] * 6, out
+            assert out["sparse"] == [False] * 3 + [True] * 3, out
         assert out["emb_equal"] == [True] * 6, out
         assert out["dense_equal"] == [True] * 6, out
         assert out["fused"], out

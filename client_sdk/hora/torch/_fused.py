@@ -23,14 +23,14 @@ view again. A parameter without a gradient in a step gets zeros (its view),
 and ``zero_grad()`` sets it to None again, so that the next backward that
 uses it makes the gradient it would without hora (a sparse one, for
 ``Embedding(sparse=True)``: reduced dense in the buffer, it is handed back
-sparse).
-What a script sees that differs from Horovod's optimizer: from
-``zero_grad()`` to ``synchronize()`` the gradients of the parameters used
-in the last step are zeros rather than None (Horovod's synchronize() hands
-every parameter a gradient anyway, zeros for one that had none). Where the reduction adds each element in rank
-order (the mesh on one machine, any 2 ranks) the bits are those of one
-allreduce per gradient; a Gloo ring's order depends on an element's place
-in the buffer, as it did when the engine fused the gradients itself.
+sparse on every rank). What a script sees that differs from Horovod's
+optimizer: from ``zero_grad()`` to ``synchronize()`` the gradients of the
+parameters used in the last step are zeros rather than None (Horovod's
+synchronize() hands every parameter a gradient anyway, zeros for one that
+had none). Where the reduction adds each element in rank order (the mesh
+on one machine, any 2 ranks) the bits are those of one allreduce per
+gradient; a Gloo ring's order depends on an element's place in the
+buffer, as it did when the engine fused the gradients itself.
 
 The first step of each world goes gradient by gradient, so that the
 coordinator checks every gradient's name, dtype and shape across ranks and
@@ -90,7 +90,8 @@ class _FusedGradients:
 
     __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_shapes",
                  "_dtype", "_names", "_limit", "_compression", "_as_grads",
-                 "_data", "_views_wanted", "_view_data", "_unused", "_resparse")
+                 "_data", "_views_wanted", "_view_data", "_unused", "_resparse", "_flags",
+                 "_handed_back")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
                  compression: Any, views: bool) -> None:
@@ -151,15 +152,21 @@ class _FusedGradients:
         # The parameters (by index) without a gradient in the last step: given
         # zeros then, and None again by zero_grad().
         self._unused: list[int] = []
-        # This step's sparse gradients (by index): their sparse_dim (see ``gradients``).
+        # This step's sparse gradients here (by index): their sparse_dim; and
+        # those the last step handed back sparse (see ``gradients``).
         self._resparse: dict[int, int] = {}
+        self._handed_back: list[int] = []
+        self._flags: torch.Tensor | None = None
         if wire is None or any(p.dtype != first.dtype or p.device != first.device
                                for p in params):
             return
         numels = [p.numel() for p in params]
         if sum(numels) * first.element_size() >= self._limit:
             return
-        self.flat = torch.empty(sum(numels), dtype=wire, device=first.device)
+        # After the gradients, one element per parameter: 1 where this rank's
+        # gradient is sparse, reduced with them (see ``gradients``).
+        self.flat = torch.zeros(sum(numels) + len(params), dtype=wire, device=first.device)
+        self._flags = self.flat[sum(numels):]
         self._shapes = [p.shape for p in params]
         self._renew_views()
 
@@ -167,8 +174,9 @@ class _FusedGradients:
         """Views of ``flat`` shaped as the parameters were when it was sized."""
         assert self.flat is not None
         numels = [shape.numel() for shape in self._shapes]
+        grads = self.flat[:sum(numels)]
         self._views = [v.view(shape) for v, shape in
-                       zip(self.flat.split(numels), self._shapes, strict=True)]
+                       zip(grads.split(numels), self._shapes, strict=True)]
         self._view_data = list(map(_DATA_PTR, self._views))
 
     def active(self, runtime: Any) -> bool:
@@ -200,12 +208,19 @@ class _FusedGradients:
 
         A sparse gradient (of an ``Embedding(sparse=True)`` unused in the
         world's first step: one used there sends every step gradient by
-        gradient) is reduced dense with the others and handed back sparse
-        (``_copy_out``): whether it is sparse may differ from rank to rank,
-        and every rank must make the same call."""
+        gradient) is reduced dense with the others, and its flag after them
+        says so: every rank hands that gradient back sparse (``_copy_out``).
+        Whether it is sparse may differ from rank to rank, and every rank must
+        make the same call and get the same gradient."""
         self._resparse = {}
-        if self._as_grads and (self._grads_are_views() or self._views_but_unused()):
-            return self._views, None  # the buffer holds them already (see ``_copy_in``)
+        if self._as_grads and list(map(_DATA_PTR, self.params)) == self._data:
+            # (Parameters given new data, or converted since the last step, are
+            # checked below: their gradients no longer fit.)
+            if self._grads_are_views():
+                self._unused = []  # zeroed some other way: as if used
+                return self._views, None  # the buffer holds them (see ``_copy_in``)
+            if self._views_but_unused():
+                return self._views, None
         if self._as_grads and list(map(_DATA_PTR, self._views)) != self._view_data:
             # A conversion (``Module._apply``: model.double(), .to(...)) gave the
             # views new storage and kept them as the gradients: new views, and
@@ -235,7 +250,6 @@ class _FusedGradients:
         self._resparse = resparse
         return grads, problem
 
-
     def start(self, grads: list[torch.Tensor], problem: str | None, op: ReduceOp, pre: float,
               post: float, process_set: ProcessSet) -> Handle:
         """Copies ``grads`` into the flat buffer, cast as the compression casts
@@ -254,6 +268,11 @@ class _FusedGradients:
         self.validated = None  # until the step succeeds
         if problem is None:
             self._copy_in(grads)
+            flags = self._flags
+            assert flags is not None
+            flags.zero_()
+            if self._resparse:
+                flags[list(self._resparse)] = 1
             problem = _reduction_problem(flat, op, pre, post, "allreduce")
         set_id = check_process_set(process_set)
         entry = _allreduce_entry(flat, self.name, op, pre, post, set_id, waited=True)
@@ -266,22 +285,24 @@ class _FusedGradients:
 
     def _views_but_unused(self) -> bool:
         """Whether every gradient is its view of the buffer, but for parameters
-        unused in the last step that still have none; those get their view,
-        zeroed (Horovod's zeros for a parameter without a gradient)."""
-        unused = self._unused
-        if not unused:
-            return False
-        params, views = self.params, self._views
-        grads = list(map(_GRAD, params))
-        still = [i for i in unused if grads[i] is None]
-        for i in still:
-            grads[i] = views[i]
-        if not all(map(operator.is_, grads, views)):
+        that have none now and had none in the last step, or were handed back
+        sparse then; those get their view, zeroed (Horovod's zeros for a
+        parameter without a gradient)."""
+        params = self.params
+        still = [i for i in (*self._unused, *self._handed_back) if params[i].grad is None]
+        if not still or not self._views_except(still):
             return False
         for i in still:
-            params[i].grad = views[i].zero_()
+            params[i].grad = self._views[i].zero_()
         self._unused = still
         return True
+
+    def _views_except(self, loose: list[int]) -> bool:
+        """Whether every gradient but those at ``loose`` is its view of the buffer."""
+        grads, views = list(map(_GRAD, self.params)), self._views
+        for i in loose:
+            grads[i] = views[i]
+        return all(map(operator.is_, grads, views))
 
     def _copy_in(self, grads: list[torch.Tensor]) -> None:
         """Copies each gradient into its view of the flat buffer, unless it is
@@ -302,7 +323,7 @@ class _FusedGradients:
         for i in stale:
             params[i].grad = grads[i] = views[i]
 
-    def zero_in_place(self, groups: list[dict[str, Any]]) -> bool:
+    def zero_in_place(self, groups: list[dict[str, Any]], set_to_none: bool) -> bool:
         """Zeroes every gradient at once when each is its view of the buffer,
         the last step succeeded, and every parameter's data is where and as it
         was when its gradient was last checked. Otherwise (a failed step, a
@@ -310,32 +331,45 @@ class _FusedGradients:
         to None, so that backward makes them anew, shaped as the parameters
         are now, and the next step checks them. So it does when the
         optimizer's ``groups`` hold parameters the buffer does not (frozen
-        when it was wrapped, or added since)."""
+        when it was wrapped, or added since).
+
+        The parameters without a gradient in the last step (an embedding it
+        did not use, say), and those it handed back sparse, are left as torch
+        leaves them: None (``set_to_none``), so that backward makes the
+        gradient it would without hora (a sparse one for
+        ``Embedding(sparse=True)``), or zeros."""
         flat, params = self.flat, self.params
+        loose = [*self._unused, *self._handed_back]
         if (flat is None or not self._as_grads or self.validated is None
                 or len(params) != sum(len(group["params"]) for group in groups)
-                or not self._grads_are_views()
+                or not (self._grads_are_views() or (loose and self._views_except(loose)))
                 or list(map(_DATA_PTR, params)) != self._data
                 or list(map(_SHAPE, params)) != self._shapes):
             return False
         flat.zero_()
-        for i in self._unused:
-            # No gradient in the last step (an embedding it did not use, say):
-            # None again, so that backward makes the gradient it would without
-            # hora (a sparse one for Embedding(sparse=True)).
-            params[i].grad = None
+        views = self._views
+        for i in loose:
+            p = params[i]
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None and p.grad is not views[i]:
+                p.grad.zero_()  # a sparse one, as torch zeroes it
         return True
 
     def _copy_out(self, grads: list[torch.Tensor], _reduced: torch.Tensor
                   ) -> list[torch.Tensor]:
         if not self._as_grads:
             torch._foreach_copy_(grads, self._views)
-        if self._resparse:
-            # Sparse here before the step: sparse again, with the rows whose sum is nonzero.
+        flags = self._flags
+        assert flags is not None
+        self._handed_back = []
+        if flags.any():
+            # Sparse on some rank: sparse on every rank (the sparse_dim of this
+            # rank's, or an embedding's), with the rows whose sum is not zero.
             reduced = self._views if self._as_grads else grads
-            for i, sparse_dim in self._resparse.items():
-                self.params[i].grad = reduced[i].to_sparse(sparse_dim)
-            self._resparse = {}
+            self._handed_back = flags.nonzero().flatten().tolist()
+            for i in self._handed_back:
+                self.params[i].grad = reduced[i].to_sparse(self._resparse.get(i, 1))
         return grads
 
 
