@@ -229,6 +229,8 @@ class _FusedGradients:
         grads: list[torch.Tensor] = []
         problem = None
         dtype = self._dtype
+        assert self.flat is not None
+        device = self.flat.device
         unused = []
         resparse = {}
         for p, shape in zip(self.params, self._shapes, strict=True):
@@ -241,8 +243,8 @@ class _FusedGradients:
                 grad = grad.to_dense()
             if problem is None:
                 name = self._names[len(grads)]
-                problem = (_changed(name, "gradient", grad, dtype, shape)
-                           or _changed(name, "parameter", p, dtype, shape))
+                problem = (_changed(name, "gradient", grad, dtype, shape, device)
+                           or _changed(name, "parameter", p, dtype, shape, device))
             grads.append(grad)
         if problem is None:
             self._data = list(map(_DATA_PTR, self.params))
@@ -374,13 +376,14 @@ class _FusedGradients:
 
 
 def _changed(name: str, what: str, tensor: torch.Tensor, dtype: torch.dtype,
-             shape: torch.Size) -> str | None:
+             shape: torch.Size, device: torch.device) -> str | None:
     """What is wrong when ``tensor``, the gradient or the parameter ``name``, no
-    longer has the dtype and shape the buffer was sized for."""
-    if tensor.shape == shape and tensor.dtype == dtype:
+    longer has the dtype, shape and device the buffer was sized for."""
+    if tensor.shape == shape and tensor.dtype == dtype and tensor.device == device:
         return None
-    return (f"the {what} of {name!r} is {tensor.dtype} {list(tensor.shape)}, where the "
-            f"parameter was {dtype} {list(shape)} when the optimizer last checked it")
+    return (f"the {what} of {name!r} is {tensor.dtype} {list(tensor.shape)} on "
+            f"{tensor.device}, where the parameter was {dtype} {list(shape)} on {device} "
+            f"when the optimizer last checked it")
 
 
 def _gradient_views() -> bool:
