@@ -32,12 +32,13 @@ def _batch(step: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(4, 3, generator=gen).to(dtype)
 
 
-def _expected(model: Net, step: int, wire: torch.dtype | None, pset) -> list[torch.Tensor]:
+def _expected(params, step: int, wire: torch.dtype | None, pset) -> list[torch.Tensor]:
     """This step's gradients allreduced one by one, as the optimizer's first step
-    does (an unused parameter contributes zeros)."""
+    does (an unused parameter contributes zeros; a sparse gradient, its dense
+    values)."""
     out = []
-    for i, p in enumerate(model.parameters()):
-        local = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+    for i, p in enumerate(params):
+        local = p.grad.clone().to_dense() if p.grad is not None else torch.zeros_like(p)
         sent = local.to(wire) if wire is not None else local
         got = hvd.allreduce(sent, name=f"reference.{step}.{i}", process_set=pset)
         out.append(got.to(p.dtype))
@@ -48,7 +49,7 @@ def _step_against_reference(opt, model: Net, step: int, wire: torch.dtype | None
                             pset) -> bool:
     """Synchronizes and steps; whether every gradient after synchronize()
     equals the one-by-one reference bit for bit."""
-    expected = _expected(model, step, wire, pset)
+    expected = _expected(model.parameters(), step, wire, pset)
     opt.synchronize()
     equal = all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected,
                                                         strict=True))
@@ -293,8 +294,7 @@ def fused_unused_sparse(variant: str):
     did not use it makes the same call and gets the same gradient). With
     ``zero_grad(set_to_none=False)`` from the third step on (variant
     ``"keep_zeros"``) the zeros stay, as with torch, and the gradient stays
-    dense. zero_grad() is called twice
-    a step. Per step: whether the embedding's gradient was None after
+    dense. zero_grad() is called twice a step. Per step: whether the embedding's gradient was None after
     zero_grad(), whether it was sparse after synchronize(), whether it
     matched the dense reference, and whether every other gradient matched
     its reference bit for bit."""
@@ -315,10 +315,7 @@ def fused_unused_sparse(variant: str):
         if step >= 3 and (variant != "rank_0" or hvd.rank() == 0):  # from the fourth step on
             x = x + emb(torch.randint(0, 6, (4,), generator=gen))
         head(x).pow(2).sum().backward()
-        local = [p.grad.to_dense() if p.grad is not None else torch.zeros_like(p)
-                 for p in params]
-        expected = [hvd.allreduce(g, name=f"reference.sparse.{step}.{i}")
-                    for i, g in enumerate(local)]
+        expected = _expected(params, step, None, hvd.global_process_set)
         opt.synchronize()
         grad = emb.weight.grad
         out["sparse"].append(grad is not None and grad.is_sparse)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -90,8 +90,7 @@ class _FusedGradients:
 
     __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_shapes",
                  "_dtype", "_names", "_limit", "_compression", "_as_grads",
-                 "_data", "_views_wanted", "_view_data", "_unused", "_resparse", "_flags",
-                 "_handed_back")
+                 "_data", "_views_wanted", "_view_data", "_loose", "_resparse", "_flags")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
                  compression: Any, views: bool) -> None:
@@ -149,13 +148,13 @@ class _FusedGradients:
                           and all(p.is_contiguous() for p in params))
         # Where each parameter's data was when its gradient was last checked.
         self._data: list[int] = []
-        # The parameters (by index) without a gradient in the last step: given
-        # zeros then, and None again by zero_grad().
-        self._unused: list[int] = []
-        # This step's sparse gradients here (by index): their sparse_dim; and
-        # those the last step handed back sparse (see ``gradients``).
+        # The parameters (by index) whose gradient the last step left other
+        # than a view: none then (given zeros), or handed back sparse. zero_grad()
+        # leaves them as torch does, and the next step takes them back.
+        self._loose: list[int] = []
+        # This step's sparse gradients here (by index): their sparse_dim (see
+        # ``gradients``).
         self._resparse: dict[int, int] = {}
-        self._handed_back: list[int] = []
         self._flags: torch.Tensor | None = None
         if wire is None or any(p.dtype != first.dtype or p.device != first.device
                                for p in params):
@@ -216,10 +215,10 @@ class _FusedGradients:
         if self._as_grads and list(map(_DATA_PTR, self.params)) == self._data:
             # (Parameters given new data, or converted since the last step, are
             # checked below: their gradients no longer fit.)
-            if self._grads_are_views():
-                self._unused = []  # zeroed some other way: as if used
+            if self._views_except(()):
+                self._loose = []  # zeroed some other way: as if used
                 return self._views, None  # the buffer holds them (see ``_copy_in``)
-            if self._views_but_unused():
+            if self._views_but_loose():
                 return self._views, None
         if self._as_grads and list(map(_DATA_PTR, self._views)) != self._view_data:
             # A conversion (``Module._apply``: model.double(), .to(...)) gave the
@@ -248,7 +247,7 @@ class _FusedGradients:
             grads.append(grad)
         if problem is None:
             self._data = list(map(_DATA_PTR, self.params))
-            self._unused = unused
+            self._loose = unused
         self._resparse = resparse
         return grads, problem
 
@@ -281,27 +280,25 @@ class _FusedGradients:
         entry.result = functools.partial(self._copy_out, grads)
         return _enqueue(entry, problem)
 
-    def _grads_are_views(self) -> bool:
-        """Whether every parameter's gradient is its view of the buffer."""
-        return all(map(operator.is_, map(_GRAD, self.params), self._views))
-
-    def _views_but_unused(self) -> bool:
-        """Whether every gradient is its view of the buffer, but for parameters
-        that have none now and had none in the last step, or were handed back
-        sparse then; those get their view, zeroed (Horovod's zeros for a
-        parameter without a gradient)."""
+    def _views_but_loose(self) -> bool:
+        """Whether every gradient is its view of the buffer, but for loose ones
+        (see ``_loose``) that have none now; those get their view, zeroed
+        (Horovod's zeros for a parameter without a gradient)."""
         params = self.params
-        still = [i for i in (*self._unused, *self._handed_back) if params[i].grad is None]
+        still = [i for i in self._loose if params[i].grad is None]
         if not still or not self._views_except(still):
             return False
         for i in still:
             params[i].grad = self._views[i].zero_()
-        self._unused = still
+        self._loose = still
         return True
 
-    def _views_except(self, loose: list[int]) -> bool:
+    def _views_except(self, loose: Sequence[int]) -> bool:
         """Whether every gradient but those at ``loose`` is its view of the buffer."""
-        grads, views = list(map(_GRAD, self.params)), self._views
+        views = self._views
+        if not loose:
+            return all(map(operator.is_, map(_GRAD, self.params), views))
+        grads = list(map(_GRAD, self.params))
         for i in loose:
             grads[i] = views[i]
         return all(map(operator.is_, grads, views))
@@ -341,10 +338,10 @@ class _FusedGradients:
         gradient it would without hora (a sparse one for
         ``Embedding(sparse=True)``), or zeros."""
         flat, params = self.flat, self.params
-        loose = [*self._unused, *self._handed_back]
+        loose = self._loose
         if (flat is None or not self._as_grads or self.validated is None
                 or len(params) != sum(len(group["params"]) for group in groups)
-                or not (self._grads_are_views() or (loose and self._views_except(loose)))
+                or not self._views_except(loose)
                 or list(map(_DATA_PTR, params)) != self._data
                 or list(map(_SHAPE, params)) != self._shapes):
             return False
@@ -364,14 +361,14 @@ class _FusedGradients:
             torch._foreach_copy_(grads, self._views)
         flags = self._flags
         assert flags is not None
-        self._handed_back = []
         if flags.any():
             # Sparse on some rank: sparse on every rank (the sparse_dim of this
             # rank's, or an embedding's), with the rows whose sum is not zero.
             reduced = self._views if self._as_grads else grads
-            self._handed_back = flags.nonzero().flatten().tolist()
-            for i in self._handed_back:
+            back = flags.nonzero().flatten().tolist()
+            for i in back:
                 self.params[i].grad = reduced[i].to_sparse(self._resparse.get(i, 1))
+            self._loose = list(dict.fromkeys([*self._loose, *back]))
         return grads
 
 
