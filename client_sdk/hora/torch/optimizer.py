@@ -23,6 +23,7 @@ from ._optimizer_step import (
     _complete_sparse,
     _gather_sparse,
     _Pending,
+    _single_hook,
     _Slot,
     _wait_out,
 )
@@ -99,8 +100,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Gradients the hooks noted and not submitted yet, in order, and their bytes.
         self._handed: list[_Slot] = []
         self._handed_bytes = 0
-        # Sparse gradients this step reduces as dense ones (sparse_as_dense):
-        # their sparse_dim, to make them sparse again once reduced.
+        # Sparse gradients reduced dense this step (sparse_as_dense): their sparse_dim.
         self._densified: dict[torch.Tensor, int] = {}
         self._synchronized = False
         self._should_synchronize = True
@@ -110,7 +110,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if process_set.size() > 1:
             for p, slot in self._slot.items():
                 self._hooks.append(p.register_post_accumulate_grad_hook(
-                    functools.partial(self._on_grad, slot)))
+                    _single_hook(self, slot) if self._group_sizes[slot.group] == 1
+                    else functools.partial(self._on_grad, slot)))
 
     # -- the step in progress -------------------------------------------------
 
@@ -266,7 +267,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         A submission that raises leaves the rest unsubmitted and free:
         ``synchronize()`` submits them as it does the gradients of unused parameters.
         """
-        handed, self._handed = self._handed, []
+        handed, self._handed[:] = self._handed[:], []  # (the hooks hold the list)
         self._handed_bytes = 0
         for slot in handed:
             slot.pending = None
