@@ -12,7 +12,8 @@ message there and back costs on this machine at this moment.
 Section 2c: forward, backward and SGD over ``200 × Linear(64, 64)`` (400
 parameter tensors of 16 KiB or 256 B) on a batch of 32 per process; hora and
 Horovod wrap the optimizer in ``DistributedOptimizer``, the torch baseline is
-``DistributedDataParallel`` over Gloo.
+``DistributedDataParallel`` over Gloo. Every system steps with subnormal floats
+flushed to zero (see ``_steps``).
 """
 
 from __future__ import annotations
@@ -108,6 +109,15 @@ def _steps(model, optimizer) -> list[float]:
     import torch
     import torch.nn.functional as F
 
+    # The 200-deep tanh chain's gradients shrink about 1.7-fold a layer back
+    # from the loss, so those of its first 60 or so layers are subnormal
+    # floats or zero (29 % of the 832,000 gradient elements).
+    # Subnormal arithmetic is slow on x86, by a factor that depends on the
+    # host: on one, a plain step took 45 ms with them and 14 ms without
+    # (bench/README.md, "Twelfth pass"), and the floor then sat above DDP ÷
+    # 1.5. Every system's step, and the floor's, flushes them to zero, so that
+    # the section measures the collectives and not the host's subnormal penalty.
+    torch.set_flush_denormal(True)
     data, target = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
 
     def step() -> None:
@@ -206,7 +216,8 @@ def main() -> None:
         [f"Median over {ROUNDS} interleaved launches of each launch's median of {REPS} "
          f"repetitions of {STEPS_PER_REP} steps after {WARMUP} warm-up steps. Target: "
          "hora ≥ 1.5 × DDP and ≥ 1.5 × Horovod. The floor row runs no collective at all: "
-         "no system can step faster than it (DDP ÷ 1.5 below it is out of reach)."],
+         "no system can step faster than it (DDP ÷ 1.5 below it is out of reach). "
+         "Every row flushes subnormal floats to zero."],
         [r for r in failures if r.system != "single"]))
 
 
