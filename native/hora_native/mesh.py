@@ -233,9 +233,9 @@ class MeshBackend:
         return self._placed.get(send, layout, place)
 
     def exchange(self, values: Sequence[int], payload: torch.Tensor | None, *,
-                 uniform: bool = True) -> list[Message]:
+                 uniform: bool = True, spin: bool = False) -> list[Message]:
         """Every rank's vector and payload, by rank (see :meth:`MeshTransport.exchange`)."""
-        return self.transport.exchange(values, payload, uniform=uniform)
+        return self.transport.exchange(values, payload, uniform=uniform, spin=spin)
 
     def round(self, messages: list[Message], layouts: list[dict[int, int]]) -> MeshRound:
         """The payloads of one exchange, with the layout each rank sent them in."""

@@ -4,15 +4,36 @@
 files (a big data loader, or strangers' connections during set-up) would
 fail its exchanges. poll() has no such limit and, for the few sockets of a
 mesh, costs about the same.
+
+Before it sleeps in poll(), an exchange whose caller waits in its own thread
+polls its sockets without sleeping for up to ``SPIN_S``. Waking a process
+that sleeps is the kernel's dearest step on a virtual machine: on the
+Intel host of bench/README.md ("Twelfth pass") a 64-byte round trip over a
+Unix socket took 85 µs between two sleeping processes and 5 µs between two
+spinning ones. Only where each rank on the machine has a core of its own
+(:func:`cores_for`): a rank that spins on a shared core delays the very
+peer it waits for.
 """
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 from collections.abc import Sequence
 
-__all__ = ["ready_sockets"]
+__all__ = ["SPIN_S", "cores_for", "ready_sockets"]
+
+#: How long a waiting caller's exchange polls without sleeping, in seconds.
+SPIN_S = 200e-6
+
+
+def cores_for(ranks: int) -> bool:
+    """Whether this process may run on at least ``ranks`` cores (its affinity,
+    where the platform has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    return ranks <= cores
 
 _BROKEN = select.POLLERR | select.POLLHUP | select.POLLNVAL
 

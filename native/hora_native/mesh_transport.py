@@ -56,7 +56,7 @@ from .base import BackendError
 from .mesh_handshake import HANDSHAKE_TIMEOUT, accept_peers, connect_peer
 from .mesh_local import connect_locally, probe_shared_memory
 from .mesh_messages import _INLINE, _MESSAGE, _Incoming, _Outgoing
-from .mesh_poll import ready_sockets
+from .mesh_poll import SPIN_S, cores_for, ready_sockets
 from .mesh_segments import Segment, at_least, peer_view, unlink
 
 __all__ = ["MAX_MESH_SIZE", "MeshTransport"]
@@ -121,6 +121,7 @@ class MeshTransport:
         self._shm_refused = 1 << 62  # the smallest payload /dev/shm had no room for
         #: Peers whose /dev/shm this rank shares (both ways): on this machine.
         self.local_peers: frozenset[int] = frozenset()
+        self._spin = False  # whether an exchange may spin (see ``exchange``)
         # Swaps with a local peer: per peer, our
         # segment for it (double-buffered, grown by new versions), the number
         # of swaps so far, the files to unlink after a given swap, and the
@@ -181,6 +182,7 @@ class MeshTransport:
                                             shared_memory, self.exchange)
                 self._prefix, self._peer_prefix = found.prefix, found.peer_prefix
                 self.local_peers, self.shared = found.local_peers, found.shared
+                self._spin = cores_for(1 + len(self.local_peers))
                 local = connect_locally(found, rank, size, self.exchange, token, context,
                                         deadline, handshake_timeout)
                 for peer, conn in local.items():
@@ -261,13 +263,17 @@ class MeshTransport:
         return result
 
     def exchange(self, values: Sequence[int], payload: torch.Tensor | None = None, *,
-                 uniform: bool = True) -> list[tuple[list[int], torch.Tensor | None]]:
+                 uniform: bool = True, spin: bool = False
+                 ) -> list[tuple[list[int], torch.Tensor | None]]:
         """Sends ``values`` and ``payload`` (uint8) to every peer; returns what each rank sent.
 
         The result is indexed by rank and includes this rank's own values and
         payload. A received payload is a view of a buffer the mesh reuses: it
         is valid until the next exchange. Every rank must pass a vector of
         the same length, unless ``uniform`` is False; payload lengths may differ.
+        ``spin``: the caller's thread has nothing else to do, and may poll
+        before it sleeps (:data:`~.mesh_poll.SPIN_S`), when this machine has a
+        core for each of its ranks.
 
         Raises:
             BackendError: a peer died, disagreed on the length (or sent more
@@ -294,7 +300,7 @@ class MeshTransport:
         sending = {peer: _Outgoing(conn, head, body) for peer, conn in self._peers.items()}
         receiving = {peer: _Incoming(self, peer, n if uniform else None)
                      for peer in self._peers}
-        for peer, message in self._transfer(sending, receiving).items():
+        for peer, message in self._transfer(sending, receiving, spin and self._spin).items():
             result[peer] = message
         self._exchanges += 1
         while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
@@ -379,10 +385,11 @@ class MeshTransport:
         return peer_view(self._peer_swap_segments, self.rank, peer, version, path,
                          "swap segment", offset, nbytes)
 
-    def _transfer(self, sending: dict[int, _Outgoing], receiving: dict[int, _Incoming]
-                  ) -> dict[int, tuple[list[int], torch.Tensor | None]]:
+    def _transfer(self, sending: dict[int, _Outgoing], receiving: dict[int, _Incoming],
+                  spin: bool = False) -> dict[int, tuple[list[int], torch.Tensor | None]]:
         """Pushes every outgoing message and pulls every incoming one, concurrently, on
-        non-blocking sockets; returns the incoming messages by peer."""
+        non-blocking sockets; returns the incoming messages by peer. With ``spin``,
+        once everything is sent, pulls without sleeping for up to ``SPIN_S`` first."""
         result: dict[int, tuple[list[int], torch.Tensor | None]] = {}
         deadline = time.monotonic() + self._timeout
         self.waiting_for = tuple(receiving)
@@ -391,6 +398,13 @@ class MeshTransport:
             for peer in list(sending):
                 if sending[peer].push():
                     del sending[peer]
+            if spin and not sending:
+                until = time.perf_counter() + SPIN_S
+                while receiving and time.perf_counter() < until:
+                    for peer in list(receiving):
+                        if receiving[peer].pull(self._peers[peer]):
+                            result[peer] = receiving.pop(peer).message()
+                self.waiting_for = tuple(receiving)
             while sending or receiving:
                 ready_in, ready_out = ready_sockets(
                     self._wake_r, [self._peers[p] for p in receiving],

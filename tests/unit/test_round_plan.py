@@ -243,7 +243,7 @@ class FakeControl:
         self.last_vectors: list[list[int]] = []
 
     def exchange(self, vector: ControlVector, ready: Sequence[tuple[int, Entry]],
-                 budget: int) -> tuple[ControlVector, Carried | None]:
+                 budget: int, *, spin: bool = False) -> tuple[ControlVector, Carried | None]:
         world = self._world
         if world.fail_on == self._rank:
             world.barrier.abort()

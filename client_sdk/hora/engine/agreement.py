@@ -333,7 +333,10 @@ class Agreement:
                 self._join_announced = True
         arrived = time.monotonic()
         try:
-            agreed, carried = self._control.exchange(vector, ready, self._agreed_budget)
+            # A caller waits on this round in its own thread (not background): its
+            # core has nothing else to run, so the exchange may spin (MeshTransport).
+            agreed, carried = self._control.exchange(vector, ready, self._agreed_budget,
+                                                     spin=not background)
         except BackendError as exc:
             self._pending.fail(HorovodInternalError(
                 f"data plane failed on rank {self.rank} agreeing on ready tensors: {exc}"))

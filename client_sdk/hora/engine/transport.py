@@ -51,9 +51,10 @@ class ControlTransport(Protocol):
         """The peers the exchange in progress still waits for."""
 
     def exchange(self, vector: ControlVector, ready: Sequence[tuple[int, Entry]],
-                 budget: int) -> tuple[ControlVector, Carried | None]:
+                 budget: int, *, spin: bool = False) -> tuple[ControlVector, Carried | None]:
         """Every rank's vector, agreed, and the payloads carried (``ready`` are this
-        rank's ready (slot, entry), ascending; ``budget`` the agreed payload budget).
+        rank's ready (slot, entry), ascending; ``budget`` the agreed payload budget;
+        ``spin``: the caller waits in this thread, which may poll before it sleeps).
 
         Raises:
             BackendError: a peer or the connection failed.
@@ -77,12 +78,12 @@ class MeshControl:
         return self._mesh.layout(slots, self._cache.signature, budget, self._cache.version)
 
     def exchange(self, vector: ControlVector, ready: Sequence[tuple[int, Entry]],
-                 budget: int) -> tuple[ControlVector, Carried | None]:
+                 budget: int, *, spin: bool = False) -> tuple[ControlVector, Carried | None]:
         mesh = self._mesh
         layout = self._layout([slot for slot, _entry in ready], budget)
         payload = mesh.pack([(slot, entry.buffer, entry.prescale_factor)
                              for slot, entry in ready], layout)
-        messages = mesh.exchange(vector.encode(), payload, uniform=False)
+        messages = mesh.exchange(vector.encode(), payload, uniform=False, spin=spin)
         self.last_vectors = [values for values, _payload in messages]
         agreed = ControlVector.decode(ControlVector.agree(self.last_vectors))
         if not agreed.ready:
@@ -114,7 +115,7 @@ class GlooControl:
         self.last_vectors: list[list[int]] = []
 
     def exchange(self, vector: ControlVector, ready: Sequence[tuple[int, Entry]],
-                 budget: int) -> tuple[ControlVector, Carried | None]:
+                 budget: int, *, spin: bool = False) -> tuple[ControlVector, Carried | None]:
         group = self._sets.get(0)
         if group.size == 1:
             return vector, None
