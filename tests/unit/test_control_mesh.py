@@ -203,3 +203,40 @@ def test_abort_wakes_an_exchange_blocked_on_a_silent_peer_at_once():
     timer.join()
     for mesh in meshes:
         mesh.close()
+
+
+def test_a_waiting_caller_spins_only_where_each_local_rank_has_a_core_and_gets_every_message():
+    """A caller's exchange (spin=True) polls before it sleeps, only where every
+    rank on the machine has a core; a peer later than the spin, or one whose
+    message arrives during it, reaches the exchange all the same, payload too,
+    and a silent peer still fails it at the timeout."""
+    cores = os.sched_getaffinity(0)
+    meshes = build(2, timeout=2.0, shared=True)
+    assert [m._spin for m in meshes] == [len(cores) >= 2] * 2
+
+    def exchange(rank: int, late: float):
+        if rank and late:
+            time.sleep(late)
+        return meshes[rank].exchange([rank + 10], payload(rank, 4096), spin=True)
+
+    for late in (0.0, 0.05, 0.0):  # together, a peer late by far more than the spin, again
+        results, errors = run_all([lambda r=r: exchange(r, late) for r in range(2)])
+        assert errors == [None, None], (late, errors)
+        for got in results:
+            assert [values for values, _payload in got] == [[10], [11]], late
+            assert all(torch.equal(sent, payload(r, 4096)) for r, (_v, sent) in enumerate(got))
+    started = time.monotonic()
+    with pytest.raises(BackendError, match="heard nothing from rank"):
+        meshes[0].exchange([1], spin=True)
+    assert time.monotonic() - started < 10
+    for mesh in meshes:
+        mesh.close()
+    # On one core, two ranks of this machine would delay each other: no spin.
+    os.sched_setaffinity(0, {min(cores)})
+    try:
+        crowded = build(2, shared=True)
+    finally:
+        os.sched_setaffinity(0, cores)
+    assert [m._spin for m in crowded] == [False, False]
+    for mesh in crowded:
+        mesh.close()
