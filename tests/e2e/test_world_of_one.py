@@ -142,7 +142,7 @@ BACKGROUND_ROUND_FAULT = textwrap.dedent("""
         hvd.allreduce(t, name="x")
     real = transport.GlooControl.exchange  # a world of one agrees without the mesh
 
-    def broken(self, vector, ready, budget):  # a fault that is not a transport error
+    def broken(self, vector, ready, budget, *, spin=False):  # a fault, not a transport error
         raise RuntimeError("injected fault")
 
     transport.GlooControl.exchange = broken

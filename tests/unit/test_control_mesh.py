@@ -220,7 +220,7 @@ def test_a_waiting_caller_spins_only_where_each_local_rank_has_a_core_and_gets_e
         return meshes[rank].exchange([rank + 10], payload(rank, 4096), spin=True)
 
     for late in (0.0, 0.05, 0.0):  # together, a peer late by far more than the spin, again
-        results, errors = run_all([lambda r=r: exchange(r, late) for r in range(2)])
+        results, errors = run_all([lambda r=r, late=late: exchange(r, late) for r in range(2)])
         assert errors == [None, None], (late, errors)
         for got in results:
             assert [values for values, _payload in got] == [[10], [11]], late
