@@ -133,12 +133,12 @@ class MeshBackend:
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
                  address: str, *, shared_memory: bool, shm_prefix: str, shm_bytes: int,
-                 socket_bytes: int, token: str, context: str) -> None:
+                 socket_bytes: int, token: str, context: str, local_ranks: int = 1) -> None:
         self.rank = rank
         self.size = size
         self.transport = MeshTransport(store, rank, size, timeout, address,
                                        shared_memory=shared_memory, shm_prefix=shm_prefix,
-                                       token=token, context=context)
+                                       token=token, context=context, local_ranks=local_ranks)
         #: The payload budget this rank proposes (rank 0's is agreed on).
         self.budget = shm_bytes if self.transport.shared else socket_bytes // (size - 1)
         # Built from what every rank agrees on (the size, the shared-memory

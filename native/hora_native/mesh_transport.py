@@ -87,6 +87,8 @@ class MeshTransport:
         context: names the job and generation; bound into every proof.
         handshake_timeout: the longest an accepted connection may take to
             prove itself.
+        local_ranks: the ranks the launcher placed on this machine (the
+            peers that share its ``/dev/shm`` count too, when more).
 
     Raises:
         ValueError: ``token`` is empty.
@@ -96,7 +98,7 @@ class MeshTransport:
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
                  address: str, shared_memory: bool = True,
                  shm_prefix: str = _DEFAULT_SHM_PREFIX, *, token: str, context: str = "",
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT, local_ranks: int = 1) -> None:
         if not token:
             raise ValueError("the mesh needs the job token to authenticate its peers")
         self.rank = rank
@@ -182,7 +184,7 @@ class MeshTransport:
                                             shared_memory, self.exchange)
                 self._prefix, self._peer_prefix = found.prefix, found.peer_prefix
                 self.local_peers, self.shared = found.local_peers, found.shared
-                self._spin = cores_for(1 + len(self.local_peers))
+                self._spin = cores_for(max(local_ranks, 1 + len(self.local_peers)))
                 local = connect_locally(found, rank, size, self.exchange, token, context,
                                         deadline, handshake_timeout)
                 for peer, conn in local.items():
@@ -400,7 +402,7 @@ class MeshTransport:
                     del sending[peer]
             if spin and not sending:
                 until = time.perf_counter() + SPIN_S
-                while receiving and time.perf_counter() < until:
+                while receiving and self._aborted is None and time.perf_counter() < until:
                     for peer in list(receiving):
                         if receiving[peer].pull(self._peers[peer]):
                             result[peer] = receiving.pop(peer).message()

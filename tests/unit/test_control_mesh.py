@@ -19,13 +19,15 @@ from hora_native.mesh_transport import MeshTransport as ControlMesh
 TOKEN = "unit-test-token"
 
 
-def build(size: int, timeout: float = 10.0, shared: bool = False) -> list[ControlMesh]:
+def build(size: int, timeout: float = 10.0, shared: bool = False,
+          local_ranks: int = 1) -> list[ControlMesh]:
     store = dist.HashStore()
     meshes: list[ControlMesh | None] = [None] * size
 
     def make(rank: int) -> None:
         meshes[rank] = ControlMesh(store, rank, size, timedelta(seconds=timeout), "127.0.0.1",
-                                   shared_memory=shared, token=TOKEN, context="job/gen-1/")
+                                   shared_memory=shared, token=TOKEN, context="job/gen-1/",
+                                   local_ranks=local_ranks)
 
     run_all([lambda r=r: make(r) for r in range(size)])
     return meshes  # type: ignore[return-value]
@@ -237,6 +239,13 @@ def test_a_waiting_caller_spins_only_where_each_local_rank_has_a_core_and_gets_e
         crowded = build(2, shared=True)
     finally:
         os.sched_setaffinity(0, cores)
+    assert [m._spin for m in crowded] == [False, False]
+    for mesh in crowded:
+        mesh.close()
+    # Nor where the launcher placed more ranks here than there are cores, also
+    # when they share no /dev/shm (their own containers, or shared memory off).
+    crowded = build(2, shared=False, local_ranks=len(cores) + 1)
+    assert [m.local_peers for m in crowded] == [frozenset(), frozenset()]
     assert [m._spin for m in crowded] == [False, False]
     for mesh in crowded:
         mesh.close()

@@ -98,7 +98,8 @@ class Engine:
                 shm_bytes=settings.shm_allreduce_bytes,
                 socket_bytes=settings.mesh_allreduce_bytes,
                 # Peers prove the job token, bound to this job and generation.
-                token=settings.token, context=world.store_prefix)
+                token=settings.token, context=world.store_prefix,
+                local_ranks=world.local_size)
         self._mesh = mesh
         selector = BackendSelector(self._sets, mesh.pairwise if mesh is not None else None)
         self._timeline = TimelineRef()
