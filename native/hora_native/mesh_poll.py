@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import time
 from collections.abc import Sequence
 
 __all__ = ["SPIN_S", "cores_for", "ready_sockets"]
@@ -39,14 +40,15 @@ _BROKEN = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 
 def ready_sockets(wake: socket.socket, reading: Sequence[socket.socket],
-                  writing: Sequence[socket.socket], timeout: float
+                  writing: Sequence[socket.socket], timeout: float, spin_until: float = 0.0
                   ) -> tuple[list[socket.socket], list[socket.socket]]:
     """The sockets of ``reading`` ready to read and of ``writing`` ready to write.
 
     Waits at most ``timeout`` seconds, or until ``wake`` is readable (it is
     never returned: the caller checks why it was woken). Errors and hang-ups
     count as ready both ways, as with select(): the read or the write then
-    raises the socket's error.
+    raises the socket's error. Until ``spin_until`` (a ``time.perf_counter()``
+    time) it asks without sleeping, and sleeps only after it.
     """
     poller = select.poll()
     wanted: dict[int, int] = {wake.fileno(): select.POLLIN}
@@ -61,7 +63,12 @@ def ready_sockets(wake: socket.socket, reading: Sequence[socket.socket],
         poller.register(fd, mask)
     ready_in: list[socket.socket] = []
     ready_out: list[socket.socket] = []
-    for fd, got in poller.poll(max(0.0, timeout) * 1000.0):
+    events: list[tuple[int, int]] = []
+    while not events and time.perf_counter() < spin_until:
+        events = poller.poll(0)
+    if not events:
+        events = poller.poll(max(0.0, timeout) * 1000.0)
+    for fd, got in events:
         if fd not in by_fd:
             continue  # the wake-up socket
         if got & (select.POLLIN | _BROKEN) and wanted[fd] & select.POLLIN:

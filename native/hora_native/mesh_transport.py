@@ -391,7 +391,7 @@ class MeshTransport:
                   spin: bool = False) -> dict[int, tuple[list[int], torch.Tensor | None]]:
         """Pushes every outgoing message and pulls every incoming one, concurrently, on
         non-blocking sockets; returns the incoming messages by peer. With ``spin``,
-        once everything is sent, pulls without sleeping for up to ``SPIN_S`` first."""
+        the waits of its first ``SPIN_S`` do not sleep (:func:`.mesh_poll.ready_sockets`)."""
         result: dict[int, tuple[list[int], torch.Tensor | None]] = {}
         deadline = time.monotonic() + self._timeout
         self.waiting_for = tuple(receiving)
@@ -400,17 +400,12 @@ class MeshTransport:
             for peer in list(sending):
                 if sending[peer].push():
                     del sending[peer]
-            if spin and not sending:
-                until = time.perf_counter() + SPIN_S
-                while receiving and self._aborted is None and time.perf_counter() < until:
-                    for peer in list(receiving):
-                        if receiving[peer].pull(self._peers[peer]):
-                            result[peer] = receiving.pop(peer).message()
-                self.waiting_for = tuple(receiving)
+            spin_until = time.perf_counter() + SPIN_S if spin else 0.0
             while sending or receiving:
                 ready_in, ready_out = ready_sockets(
                     self._wake_r, [self._peers[p] for p in receiving],
-                    [self._peers[p] for p in sending], deadline - time.monotonic())
+                    [self._peers[p] for p in sending], deadline - time.monotonic(),
+                    spin_until)
                 if self._aborted is not None:
                     raise BackendError(
                         f"control mesh: rank {self.rank}'s exchange waiting for rank(s) "
