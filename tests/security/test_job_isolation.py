@@ -62,9 +62,15 @@ WORKER = textwrap.dedent("""
     (out / f"rank{hvd.rank()}.json").write_text(json.dumps({"token": os.environ["HORA_TOKEN"]}))
     deadline = time.monotonic() + 90
     steps = 0
-    while not (out / "go").exists() and time.monotonic() < deadline:
-        total = hvd.allreduce(torch.ones(4), op=hvd.Sum, name=f"step.{steps % 8}")
-        assert total.tolist() == [2.0] * 4, total
+    while True:
+        # The ranks stop together: whether either has seen "go" rides in the step's sum,
+        # so no rank leaves for "final" while the other starts one more step.
+        go = float((out / "go").exists() or time.monotonic() > deadline)
+        total = hvd.allreduce(torch.tensor([1.0] * 4 + [go]), op=hvd.Sum,
+                              name=f"step.{steps % 8}")
+        assert total[:4].tolist() == [2.0] * 4, total
+        if total[4] > 0:
+            break
         steps += 1
         time.sleep(0.05)
     final = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum, name="final")
