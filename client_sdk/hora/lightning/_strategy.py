@@ -316,8 +316,9 @@ class HorovodStrategy(ParallelStrategy):
         for optimizer in self.optimizers:
             # The gradient hooks stay on the parameters otherwise: a later fit of
             # the same model would reduce every gradient twice.
-            for hook in getattr(optimizer, "_hooks", ()):
-                hook.remove()
+            hooks = getattr(optimizer, "_hooks", None)
+            if hooks is not None:
+                hooks.remove()
         super().teardown()
 
     @classmethod

@@ -4,18 +4,16 @@ allreduces in flight, and the allgathers of sparse gradients (see :mod:`.optimiz
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .. import _runtime
 from ..errors import HoraError
 from ..world import ProcessSet, take, wait
 from .mpi_ops import allgather_async
 
 __all__ = ["HANDOVER_BYTES", "_HANDED_OVER", "_Pending", "_Slot", "_complete_sparse",
-           "_gather_sparse", "_single_hook", "_wait_out"]
+           "_gather_sparse", "_wait_out"]
 
 # The gradient hooks hand the engine their gradients in batches: a hook
 # notes its gradient, and once the noted gradients hold HANDOVER_BYTES they
@@ -65,32 +63,6 @@ class _Slot:
 
 # What a slot's ``pending`` holds from its hook to the submission of its batch.
 _HANDED_OVER = _Pending([], None, [], [])
-
-
-def _single_hook(opt: Any, slot: _Slot) -> Callable[[torch.Tensor], None]:
-    """The gradient hook of a parameter alone in its group (each parameter is,
-    unless the script groups them): the common case inline (the step's world
-    is current, this is the last of its backward passes, nothing is pending),
-    anything else through ``opt._on_grad``, which begins the step, counts the
-    passes or raises. Against a ``functools.partial`` of ``_on_grad`` it took
-    0.2-0.5 ms off the backward pass of section 2c's 400 gradients, in one
-    launch (bench/README.md, "Twelfth pass")."""
-    on_grad, handed, nbytes = opt._on_grad, opt._handed, slot.nbytes
-
-    def hook(p: torch.Tensor) -> None:
-        current = opt._step_runtime
-        if (slot.pending is not None or slot.delay != 1 or current is None
-                or current is not _runtime._runtime):
-            on_grad(slot, p)
-            return
-        slot.delay = 0
-        slot.pending = _HANDED_OVER
-        handed.append(slot)
-        opt._handed_bytes += nbytes
-        if opt._handed_bytes >= HANDOVER_BYTES:
-            opt._submit_handed()
-
-    return hook
 
 
 def _gather_sparse(p: torch.Tensor, name: str, process_set: ProcessSet) -> _Pending:

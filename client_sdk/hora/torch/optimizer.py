@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -17,13 +16,13 @@ from ..world import take, wait
 from ._adasum_optimizer import _DistributedAdasumOptimizer
 from ._collectives import allreduce_gradient_async_, allreduce_gradients_async_
 from ._fused import _FusedGradients, _gradient_views
+from ._gradient_hooks import _computed_again, _GradientHooks
 from ._optimizer_step import (
     _HANDED_OVER,
     HANDOVER_BYTES,
     _complete_sparse,
     _gather_sparse,
     _Pending,
-    _single_hook,
     _Slot,
     _wait_out,
 )
@@ -51,7 +50,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     notes it for an in-place allreduce, submitted with the others noted once
     they hold ``HANDOVER_BYTES`` (or of its whole group, once every gradient
     of the group is ready); ``step()`` submits what is left, waits for all of
-    them and then runs the wrapped optimizer's update.
+    them and then runs the wrapped optimizer's update (the hooks of steps that
+    go as one allreduce only note: :mod:`._gradient_hooks`).
 
     The bookkeeping of a step in progress (handles, the gradients each group
     still waits for, delay counters) belongs to the world (runtime) it was
@@ -106,12 +106,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         # The runtime whose collectives the step in progress waits on (None: no step).
         self._step_runtime: Any = None
-        self._hooks = []
+        self._hooks = _GradientHooks(self)
         if process_set.size() > 1:
-            for p, slot in self._slot.items():
-                self._hooks.append(p.register_post_accumulate_grad_hook(
-                    _single_hook(self, slot) if self._group_sizes[slot.group] == 1
-                    else functools.partial(self._on_grad, slot)))
+            self._hooks.arm(None)
 
     # -- the step in progress -------------------------------------------------
 
@@ -123,6 +120,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             slot.delay = passes
         self._pending.clear()
         self._handed.clear()
+        self._hooks.reset()
         self._handed_bytes = 0
         self._unready = self._group_sizes.copy()
         self._densified.clear()
@@ -229,11 +227,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._step_runtime is None or self._step_runtime is not _runtime._runtime:
             self._begin_step()  # raises NotInitializedError outside a world
         if slot.pending is not None:
-            raise RuntimeError(
-                f"the gradient of {self._names[p]!r} was computed again before step(): call "
-                f"optimizer.step() or optimizer.synchronize() after every "
-                f"{self.backward_passes_per_step} backward pass(es), or raise "
-                f"backward_passes_per_step")
+            raise RuntimeError(_computed_again(self._names[p], self.backward_passes_per_step))
         slot.delay -= 1
         if slot.delay:  # passes left; or below 0: computed again, its group not complete
             return
@@ -267,6 +261,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         A submission that raises leaves the rest unsubmitted and free:
         ``synchronize()`` submits them as it does the gradients of unused parameters.
         """
+        self._hooks.hand_over()
         handed, self._handed[:] = self._handed[:], []  # (the hooks hold the list)
         self._handed_bytes = 0
         for slot in handed:
@@ -320,6 +315,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         step is forgotten: the error goes up, and the next step starts clean.
         """
         self._drop_stale_step()
+        self._hooks.check()  # a gradient noted twice raises, and the step is forgotten
+        first = self._hooks.first()
         try:
             self._synchronize()
         except HoraError:
@@ -328,6 +325,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise
         self._reset_step()
         self._synchronized = True
+        self._hooks.after_step(first)
 
     def _synchronize(self) -> None:
         several = self._process_set.size() > 1
@@ -335,7 +333,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._begin_step()
         fused = several and self._submit_fused()
         if not fused:
-            if self._handed:
+            if self._handed or self._hooks.noted:
                 self._submit_handed()
             if several:
                 for gi, slots in enumerate(self._group_slots):
@@ -408,6 +406,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
         for slot in self._slot.values():
             slot.delay = passes
+        if passes != 1 and self._hooks.noting:
+            self._hooks.arm(None)
 
     def step(self, closure: Any = None) -> Any:
         self._drop_stale_step()
@@ -420,10 +420,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "want to consider using optimizer.skip_synchronize() context if you use "
                     "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
-        elif self._pending or self._handed:
+        elif self._pending or self._handed or self._hooks.noted:
             raise RuntimeError(
                 f"optimizer.step() inside skip_synchronize() with "
-                f"{len(self._pending) + len(self._handed)} gradient "
+                f"{len(self._pending) + len(self._handed) + len(self._hooks.noted)} gradient "
                 f"allreduce(s) still outstanding; call optimizer.synchronize() first")
         self._synchronized = False
         loss = super(self.__class__, self).step(closure)
@@ -432,7 +432,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._drop_stale_step()
-        if self._pending or self._handed:
+        if self._pending or self._handed or self._hooks.noted:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
