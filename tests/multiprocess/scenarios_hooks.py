@@ -86,6 +86,16 @@ def noting_hooks():
     refused("again_elsewhere", both, only_b, RuntimeError)
     refused("zero_grad", both, opt.zero_grad, AssertionError)
 
+    def again_then_more() -> None:
+        """A refused pass, caught; then a pass that computes head b again."""
+        try:
+            both()
+        except RuntimeError:
+            pass
+        only_b()
+
+    refused("again_twice", both, again_then_more, RuntimeError)
+
     def step_skipping_synchronize() -> None:
         with opt.skip_synchronize():
             opt.step()
@@ -104,8 +114,33 @@ def noting_hooks():
     step("one pass, checked")
     step("one pass")
     out["params"] = {k: v.clone() for k, v in model.state_dict().items()}
+    # A second model whose steps begin with another gradient now and then
+    # (heads by turns): its hooks hand over for good after the first such step.
+    other = Heads()
+    other_opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(other.parameters(), lr=0.1),
+        named_parameters=[(f"other.{n}", p) for n, p in other.named_parameters()])
+
+    def other_step(b_first: bool) -> bool:
+        other_opt.zero_grad()
+        hidden = torch.tanh(other.trunk(x()))
+        losses = [other.a(hidden).sum(), other.b(hidden.detach()).sum()]
+        for loss in reversed(losses) if b_first else losses:
+            loss.backward()
+        noting = other_opt._hooks.noting
+        other_opt.step()
+        return noting
+
+    out["varying"] = [other_step(b_first) for b_first in (False, False, True, False, False)]
+    # Notes of a pass the sentinel did not reach, then the world ends: dropped.
     opt.zero_grad()
+    only_b()
     hvd.shutdown()
+    try:
+        opt.zero_grad()
+        out["stale_dropped"] = True
+    except AssertionError as exc:
+        out["stale_dropped"] = str(exc)
     try:
         both()
     except ValueError as exc:

@@ -47,7 +47,17 @@ def test_noting_hooks_give_the_same_steps_and_refuse_every_misuse(shared_coordin
         assert where == "zero_grad"
         message, where = errors["skip"]
         assert "still outstanding" in message and where == "step_skipping_synchronize"
+        # Refused in backward and caught, then another gradient computed again:
+        # refused at synchronize().
+        message, where = errors["again_twice"]
+        assert where == "synchronize" and "'b." in message, errors
+        assert steps["after again_twice"][0], steps
         message, where = errors["no_world"]
         assert "NotInitializedError" in message and where == "both", errors
+        # Notes the sentinel never saw, from a world that ended: dropped, as a
+        # step begun there is, instead of refusing zero_grad().
+        assert out["stale_dropped"] is True, out["stale_dropped"]
+        # A step that began with another gradient: handing over from then on.
+        assert out["varying"] == [False, True, True, False, False], out["varying"]
     for key, tensor in results[0]["params"].items():
         assert torch.equal(tensor, results[1]["params"][key]), key

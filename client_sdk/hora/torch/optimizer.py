@@ -129,10 +129,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _drop_stale_step(self) -> None:
         """Drops a step begun in a world that has ended (elastic reset, shutdown)."""
-        if self._step_runtime is None:
-            return
-        if self._step_runtime is not _runtime._runtime:
-            self._reset_step()
+        begun = self._step_runtime
+        if (begun is None and self._hooks.stale()) or (
+                begun is not None and begun is not _runtime._runtime):
+            self._reset_step()  # (stale notes: see _GradientHooks.stale)
 
     def _begin_step(self) -> None:
         self._drop_stale_step()
@@ -406,8 +406,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
         for slot in self._slot.values():
             slot.delay = passes
-        if passes != 1 and self._hooks.noting:
-            self._hooks.arm(None)
+        self._hooks.after_step(None)  # counting hooks, unless passes == 1
 
     def step(self, closure: Any = None) -> Any:
         self._drop_stale_step()
