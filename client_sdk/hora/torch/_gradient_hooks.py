@@ -93,8 +93,7 @@ class _GradientHooks:
         self._sentinel: torch.Tensor | None = None  # None: handing over
         # Whether a step's first gradient was not the sentinel's: handing over for good.
         self._varies = False
-        self._world = _runtime._runtime  # the world of the notes (see ``stale``)
-        self._slots = {id(slot.param): slot for slot in opt._slot.values()}
+        self._world = _runtime._runtime  # the world of the notes (see ``world``)
 
     @property
     def noting(self) -> bool:
@@ -114,7 +113,7 @@ class _GradientHooks:
                 hook = (_single_hook(opt, slot) if opt._group_sizes[slot.group] == 1
                         else functools.partial(opt._on_grad, slot))
             else:
-                hook = self._sentinel_hook(slot) if p is sentinel else self.noted.append
+                hook = self._sentinel_hook() if p is sentinel else self.noted.append
             self._handles.append(p.register_post_accumulate_grad_hook(hook))
 
     def after_step(self, first: torch.Tensor | None) -> None:
@@ -124,12 +123,12 @@ class _GradientHooks:
         A model whose first gradient varies (heads trained by turns) hands
         over for good: re-arming 400 hooks took 2.5 ms, more than noting saves.
         (No hooks stay none: a process set of one rank.)"""
+        if not self._handles:
+            return
         opt, fused = self._opt, self._opt._fused
         eligible = (fused is not None and fused.flat is not None
                     and fused.validated is not None and not opt._sparse
                     and opt.backward_passes_per_step == 1 and max(opt._group_sizes) == 1)
-        if not self._handles:
-            return
         if self.noting and first is not None and first is not self._sentinel:
             self._varies = True
         if not eligible or self._varies:
@@ -144,7 +143,7 @@ class _GradientHooks:
             handle.remove()
         self._handles, self._sentinel = [], None
 
-    def _sentinel_hook(self, slot: _Slot) -> Callable[[torch.Tensor], None]:
+    def _sentinel_hook(self) -> Callable[[torch.Tensor], None]:
         opt, noted = self._opt, self.noted
 
         def hook(p: torch.Tensor) -> None:
@@ -153,7 +152,7 @@ class _GradientHooks:
             if noted and any(q is p for q in noted):
                 # The pass stops here; what came before the sentinel counts once.
                 noted[:] = {id(q): q for q in noted}.values()
-                raise RuntimeError(_computed_again(opt._names[p], 1))
+                raise RuntimeError(_computed_again(opt._names[p], opt.backward_passes_per_step))
             noted.append(p)
 
         return hook
@@ -170,13 +169,13 @@ class _GradientHooks:
         self.noted.clear()
         self._world = _runtime._runtime
 
-    def stale(self) -> bool:
-        """Whether notes wait from a backward pass that the sentinel, which
-        begins a step in its world, did not reach, and the world has changed
-        since the last step: they belong to a world that has ended (or to the
-        new one: the next step then checks every gradient, and submits them
-        all anyway). Horovod's hooks would have begun the step in its world."""
-        return bool(self.noted) and self._world is not _runtime._runtime
+    def world(self) -> Any:
+        """The world of the notes of a backward pass that the sentinel, which
+        begins a step, did not reach (None: no notes): the world of the last
+        step. When that world has ended, the notes go with it as a begun step
+        does (they may be the new world's: its first step checks every
+        gradient, and submits them all anyway)."""
+        return self._world if self.noted else None
 
     def check(self) -> None:
         """Raises the error of a gradient noted twice this step (a second
@@ -188,16 +187,17 @@ class _GradientHooks:
         seen: set[int] = set()
         for p in noted:
             if id(p) in seen:
-                self._opt._reset_step()
-                raise RuntimeError(_computed_again(self._opt._names[p], 1))
+                opt = self._opt
+                opt._reset_step()
+                raise RuntimeError(_computed_again(opt._names[p], opt.backward_passes_per_step))
             seen.add(id(p))
 
     def hand_over(self) -> None:
         """Hands the noted gradients to the optimizer as handing-over hooks
         would have (``opt._handed``), in the order they came."""
         opt = self._opt
-        for p in self.noted:
-            slot = self._slots[id(p)]
+        for p in self.noted:  # (a step that is not fused: rare enough to key by tensor)
+            slot = opt._slot[p]
             slot.delay = 0
             slot.pending = _HANDED_OVER
             opt._handed.append(slot)

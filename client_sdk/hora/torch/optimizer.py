@@ -129,10 +129,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _drop_stale_step(self) -> None:
         """Drops a step begun in a world that has ended (elastic reset, shutdown)."""
-        begun = self._step_runtime
-        if (begun is None and self._hooks.stale()) or (
-                begun is not None and begun is not _runtime._runtime):
-            self._reset_step()  # (stale notes: see _GradientHooks.stale)
+        # (Noted gradients and no step begun: the notes' world, _GradientHooks.world.)
+        begun = self._step_runtime if self._step_runtime is not None else self._hooks.world()
+        if begun is not None and begun is not _runtime._runtime:
+            self._reset_step()
 
     def _begin_step(self) -> None:
         self._drop_stale_step()
