@@ -206,16 +206,30 @@ class MeshBackend:
             if slot in offsets:
                 sources.append(tensor)
                 scales.append(prescale)
+        # One factor other than 1 for every tensor (an average's): floats are
+        # scaled in the copy's pass, or in one pass after it.
+        uniform = scales[0] != 1.0 and scales.count(scales[0]) == len(scales)
         if layout.flat is not None:
             # One kernel for the whole run (the cheapest copy of 1-D tensors).
             start, end = layout.flat
-            torch.cat(sources, out=self._regions.get(send, start, end - start, sources[0].dtype))
+            region = self._regions.get(send, start, end - start, sources[0].dtype)
+            if uniform and region.is_floating_point():  # (a flat run has one dtype)
+                if len(sources) == 1:
+                    torch.mul(sources[0], scales[0], out=region)
+                else:
+                    torch.cat(sources, out=region)
+                    region.mul_(scales[0])
+                return send
+            torch.cat(sources, out=region)
         else:
             # One copy call for every tensor, into views kept across rounds.
             torch._foreach_copy_(self._views(send, layout, sources), sources)
         if scales.count(1.0) == len(scales):
             return send
         views = self._views(send, layout, sources)
+        if uniform and all(t.is_floating_point() for t in sources):
+            torch._foreach_mul_(views, scales[0])
+            return send
         for view, prescale in zip(views, scales, strict=True):
             scale_(view, prescale)
         return send

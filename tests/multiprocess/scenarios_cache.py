@@ -176,3 +176,31 @@ def train_for(seconds: float):
         if hvd.broadcast_object(time.monotonic() > deadline, root_rank=0, name=f"stop.{steps}"):
             break
     return steps
+
+
+def average_inputs(rank: int, step: int, dname: str) -> torch.Tensor:
+    """Random floats over 40 binary orders of magnitude (12 in float16, which
+    has no more in its normal range): averages that round."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    orders = 6 if dname == "float16" else 20
+    scale = torch.exp2(torch.randint(-orders, orders, (1000,), generator=g).to(torch.float64))
+    return (torch.randn(1000, generator=g, dtype=torch.float64) * scale).to(DTYPES[dname])
+
+
+def average_bits(dtype_names, steps):
+    """Cached averages of :func:`average_inputs`, each float dtype as one tensor and as
+    a fused run of three; returns each step's results and the mesh's batch count."""
+    from hora import _runtime
+
+    rank = hvd.rank()
+    out = []
+    for step in range(steps):
+        results = {}
+        for dname in dtype_names:
+            x = average_inputs(rank, step, dname)
+            results[(dname, "one")] = hvd.allreduce(x, name=f"bits.{dname}")
+            handles = [hvd.allreduce_async(x[i * 100:(i + 1) * 100].clone(),
+                                           name=f"bits.{dname}.{i}") for i in range(3)]
+            results[(dname, "run")] = torch.cat([hvd.synchronize(h) for h in handles])
+        out.append(results)
+    return out, _runtime.current().engine.mesh_batches

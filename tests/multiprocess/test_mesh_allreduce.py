@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from scenarios import DTYPES, OPS, make_input
+from scenarios_cache import average_inputs
 from test_collectives import assert_close, reduce_ref
 
 from tests.support.workers import run_workers
@@ -80,3 +81,27 @@ def test_tensors_between_agreed_ones_in_a_payload_are_skipped(shared_coordinator
             want = sum(make_input(r, torch.float32, (7,), salt=step + i) for r in range(2))
             for rank, steps in enumerate(results):
                 torch.testing.assert_close(steps[step][i], want, msg=f"rank {rank} {step} {i}")
+
+
+@pytest.mark.parametrize(("size", "transport"), [(2, "shared-memory"), (3, "shared-memory"),
+                                                 (2, "sockets")])
+def test_averages_carried_by_the_round_have_the_bits_of_a_sum_then_a_division(
+        shared_coordinator, size, transport):
+    """An average the payloads carry is divided as each rank packs it, where the
+    set's size is a power of 2 (float32 and float64): the bits must be those of
+    the sum in rank order, then the division (Horovod's), round after round."""
+    dtypes = ["float32", "float64", "float16", "bfloat16"]
+    results = [r.value for r in run_workers(shared_coordinator, size, SCENARIOS, "average_bits",
+                                            (dtypes, STEPS), env=TRANSPORTS[transport])]
+    for rank, (steps, mesh_batches) in enumerate(results):
+        assert mesh_batches > 0, f"rank {rank}: no round carried its data"
+        for step in range(1, STEPS):  # (the first goes through the coordinator and Gloo)
+            for dname in dtypes:
+                inputs = [average_inputs(r, step, dname) for r in range(size)]
+                total = inputs[0].clone()
+                for theirs in inputs[1:]:
+                    total = total + theirs
+                want = total.mul_(1.0 / size)
+                got_one, got_run = steps[step][(dname, "one")], steps[step][(dname, "run")]
+                assert torch.equal(got_one, want), (rank, step, dname)
+                assert torch.equal(got_run, want[:300]), (rank, step, dname)

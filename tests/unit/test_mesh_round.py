@@ -91,19 +91,23 @@ def _round(mesh: MeshBackend, tensors: list[torch.Tensor], prescale: list[float]
 SHAPES_2D = [((64, 64), torch.float32), ((64,), torch.float32), ((3, 5, 2), torch.float64),
              ((7,), torch.int32), ((2, 3), torch.int64), ((5, 4), torch.float32)]
 SHAPES_1D = [((256,), torch.float32)] * 5
+SHAPES_ONE = [((1000,), torch.float32)]  # packed by one scaling kernel when prescaled
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["sockets", "shared-memory"])
-@pytest.mark.parametrize("shapes", [SHAPES_2D, SHAPES_1D], ids=["mixed", "flat"])
+@pytest.mark.parametrize("shapes", [SHAPES_2D, SHAPES_1D, SHAPES_ONE],
+                         ids=["mixed", "flat", "one"])
 @pytest.mark.parametrize("op", [ReduceKind.SUM, ReduceKind.MIN, ReduceKind.MAX,
                                 ReduceKind.PRODUCT])
 @pytest.mark.parametrize("size", [2, 3])
 def test_carried_rounds_reduce_in_rank_order_round_after_round(shared, shapes, op, size, shm_dir):
     meshes = _build(size, shared, shm_dir)
     try:
-        for round_ in range(4):  # both halves of the segment, twice
-            prescale = [1.0] * len(shapes) if round_ % 2 == 0 else \
-                [0.5 if i % 2 == 0 else 1.0 for i in range(len(shapes))]
+        for round_ in range(6):  # both halves of the segment, three times
+            # No prescale; some tensors prescaled; all by one factor (an average's).
+            prescale = [[1.0] * len(shapes),
+                        [0.5 if i % 2 == 0 else 1.0 for i in range(len(shapes))],
+                        [0.25] * len(shapes)][round_ % 3]
             inputs = [_tensors(r, round_, shapes) for r in range(size)]
             originals = [[t.clone() for t in ts] for ts in inputs]
             results, errors = run_all([

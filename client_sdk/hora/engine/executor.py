@@ -62,11 +62,39 @@ _ERROR_CLASSES: dict[int, type[HoraError]] = {
 }
 
 
-def post_factor(entry: Entry, set_size: int) -> float:
+# The dtypes whose average the mesh divides while packing (see ``divides_early``).
+_DIVIDED_EARLY = (torch.float32, torch.float64)
+
+
+def divides_early(entry: Entry, set_size: int) -> bool:
+    """Whether an average the round's payloads carry is divided by the set's
+    size as each rank packs its contribution, in the pack's one pass, rather
+    than in a pass over the result (section 2c of bench/README.md: 0.1 ms
+    of a 3.3 MB step). Only where that changes no bit in the normal range:
+    a power-of-2 size (scaling by it is exact, so the rounded sum of the
+    scaled terms is the scaled rounded sum) and float32 or float64. What
+    differs from dividing after: terms below the smallest normal number lose
+    bits as they are divided, and a sum that would overflow to infinity stays
+    finite when its average does."""
+    return (entry.reduce_op == ReduceOp.AVERAGE and set_size & (set_size - 1) == 0
+            and entry.buffer.dtype in _DIVIDED_EARLY)
+
+
+def pre_factor(entry: Entry, set_size: int) -> float:
+    """What the mesh multiplies a rank's contribution by as it packs it: the
+    prescale, over the set size for an average divided early."""
+    pre = entry.prescale_factor
+    return pre / set_size if divides_early(entry, set_size) else pre
+
+
+def post_factor(entry: Entry, set_size: int, carried: bool = False) -> float:
     """What a reduction's result is multiplied by: the postscale, over the set
-    size for an average."""
+    size for an average (unless ``carried`` by the payloads, which divided it
+    early: :func:`divides_early`)."""
     post = entry.postscale_factor
-    return post / set_size if entry.reduce_op == ReduceOp.AVERAGE else post
+    if entry.reduce_op != ReduceOp.AVERAGE or (carried and divides_early(entry, set_size)):
+        return post
+    return post / set_size
 
 
 def identity(op: ReduceOp, dtype: torch.dtype) -> float | int | bool:
@@ -281,7 +309,7 @@ class Executor:
         if reads_input:
             scale_(buf, first.prescale_factor)
         backend.allreduce(buf, _NATIVE_REDUCE[first.reduce_op])
-        scale_(buf, post_factor(first, set_size))
+        scale_(buf, post_factor(first, set_size, carried=not reads_input))
         self.activity(names, activity, None)
         if len(entries) == 1:
             self.finish(first, buf)

@@ -18,6 +18,7 @@ from hora_native import ReduceKind, Reducer
 
 from .cache import ResponseCache
 from .control import ControlVector
+from .executor import pre_factor
 from .pending import Entry
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ class MeshControl:
                  budget: int, *, spin: bool = False) -> tuple[ControlVector, Carried | None]:
         mesh = self._mesh
         layout = self._layout([slot for slot, _entry in ready], budget)
-        payload = mesh.pack([(slot, entry.buffer, entry.prescale_factor)
+        size = mesh.size
+        payload = mesh.pack([(slot, entry.buffer, pre_factor(entry, size))
                              for slot, entry in ready], layout)
         messages = mesh.exchange(vector.encode(), payload, uniform=False, spin=spin)
         self.last_vectors = [values for values, _payload in messages]
