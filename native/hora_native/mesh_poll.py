@@ -11,8 +11,9 @@ that sleeps is the kernel's dearest step on a virtual machine: on the
 Intel host of bench/README.md ("Twelfth pass") a 64-byte round trip over a
 Unix socket took 85 µs between two sleeping processes and 5 µs between two
 spinning ones. Only where each rank on the machine has a core of its own
-(:func:`cores_for`): a rank that spins on a shared core delays the very
-peer it waits for.
+and the CPU time for it (:func:`cores_for`): a rank that spins on a shared
+core delays the very peer it waits for, and one that spins under a CPU
+quota spends the time its peers on the same quota need.
 """
 
 from __future__ import annotations
@@ -23,18 +24,94 @@ import socket
 import time
 from collections.abc import Sequence
 
-__all__ = ["SPIN_S", "cores_for", "ready_sockets"]
+__all__ = ["SPIN_S", "cores_for", "cpu_quota", "ready_sockets"]
 
 #: How long a waiting caller's exchange polls without sleeping, in seconds.
 SPIN_S = 200e-6
 
 
 def cores_for(ranks: int) -> bool:
-    """Whether this process may run on at least ``ranks`` cores (its affinity,
-    where the platform has one)."""
+    """Whether this process may run on at least ``ranks`` cores: its affinity
+    (where the platform has one), and the CPU time its control groups allow
+    (:func:`cpu_quota`: a container's CPU limit, a Kubernetes pod's
+    ``resources.limits.cpu``), which on a large host is often far below the
+    cores it may be scheduled on. Spinning ranks would spend that quota and
+    be throttled."""
     affinity = getattr(os, "sched_getaffinity", None)
-    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    cores: float = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    quota = cpu_quota()
+    if quota is not None:
+        cores = min(cores, quota)
     return ranks <= cores
+
+
+def cpu_quota(proc: str = "/proc/self") -> float | None:
+    """The fewest CPUs' worth of time the control groups of the process at
+    ``proc`` allow it: the tightest CFS quota over its cgroup and the groups
+    above it (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``). None without a quota, or where the groups cannot
+    be read (not Linux, no cgroup file system mounted)."""
+    try:
+        with open(os.path.join(proc, "cgroup"), encoding="utf-8") as f:
+            memberships = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+        with open(os.path.join(proc, "mountinfo"), encoding="utf-8") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    tightest: float | None = None
+    for fields in mounts:
+        if "-" not in fields:
+            continue
+        dash = fields.index("-")  # then the file system type, source and options
+        if dash < 5 or len(fields) <= dash + 3:
+            continue
+        fstype, options = fields[dash + 1], fields[dash + 3].split(",")
+        root, mount_point = fields[3], fields[4]
+        if fstype == "cgroup2":
+            paths = [path for hid, controllers, path in memberships if hid == "0" and not controllers]
+        elif fstype == "cgroup" and "cpu" in options:
+            paths = [path for _hid, controllers, path in memberships
+                     if "cpu" in controllers.split(",")]
+        else:
+            continue
+        for path in paths:
+            quota = _quota_along(mount_point, root, path, v2=fstype == "cgroup2")
+            if quota is not None and (tightest is None or quota < tightest):
+                tightest = quota
+    return tightest
+
+
+def _quota_along(mount_point: str, root: str, path: str, v2: bool) -> float | None:
+    """The tightest quota from the group at ``path`` up to the mount's root."""
+    relative = path[len(root):] if root != "/" and path.startswith(root) else path
+    here = os.path.normpath(mount_point + "/" + relative.lstrip("/"))
+    tightest: float | None = None
+    while True:
+        quota = _group_quota(here, v2)
+        if quota is not None and (tightest is None or quota < tightest):
+            tightest = quota
+        if here == mount_point or not here.startswith(mount_point):
+            return tightest
+        here = os.path.dirname(here)
+
+
+def _group_quota(folder: str, v2: bool) -> float | None:
+    """One group's CFS quota in CPUs (None: none, or not readable)."""
+    try:
+        if v2:
+            with open(os.path.join(folder, "cpu.max"), encoding="utf-8") as f:
+                limit, period = (f.read().split() + ["100000"])[:2]
+            if limit == "max":
+                return None
+        else:
+            with open(os.path.join(folder, "cpu.cfs_quota_us"), encoding="utf-8") as f:
+                limit = f.read().strip()
+            with open(os.path.join(folder, "cpu.cfs_period_us"), encoding="utf-8") as f:
+                period = f.read().strip()
+        quota, every = int(limit), int(period)
+    except (OSError, ValueError):
+        return None
+    return quota / every if quota > 0 and every > 0 else None
 
 _BROKEN = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
