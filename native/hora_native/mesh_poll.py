@@ -52,11 +52,14 @@ def cpu_quota(proc: str = "/proc/self") -> float | None:
     ``cpu.cfs_period_us``). None without a quota, or where the groups cannot
     be read (not Linux, no cgroup file system mounted)."""
     try:
-        with open(os.path.join(proc, "cgroup"), encoding="utf-8") as f:
+        # (Any mount's name may be in any encoding: read as bytes kept as they are.)
+        with open(os.path.join(proc, "cgroup"), encoding="utf-8",
+                  errors="surrogateescape") as f:
             memberships = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
-        with open(os.path.join(proc, "mountinfo"), encoding="utf-8") as f:
+        with open(os.path.join(proc, "mountinfo"), encoding="utf-8",
+                  errors="surrogateescape") as f:
             mounts = [line.split() for line in f]
-    except OSError:
+    except (OSError, ValueError):
         return None
     tightest: float | None = None
     for fields in mounts:
@@ -66,7 +69,7 @@ def cpu_quota(proc: str = "/proc/self") -> float | None:
         if dash < 5 or len(fields) <= dash + 3:
             continue
         fstype, options = fields[dash + 1], fields[dash + 3].split(",")
-        root, mount_point = fields[3], fields[4]
+        root, mount_point = _unescape(fields[3]), _unescape(fields[4])
         if fstype == "cgroup2":
             paths = [path for hid, controllers, path in memberships if hid == "0" and not controllers]
         elif fstype == "cgroup" and "cpu" in options:
@@ -81,16 +84,31 @@ def cpu_quota(proc: str = "/proc/self") -> float | None:
     return tightest
 
 
+def _unescape(field: str) -> str:
+    """A mountinfo path as it is: the kernel writes space, tab, newline and
+    backslash as octal escapes (``\\040``)."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
 def _quota_along(mount_point: str, root: str, path: str, v2: bool) -> float | None:
-    """The tightest quota from the group at ``path`` up to the mount's root."""
-    relative = path[len(root):] if root != "/" and path.startswith(root) else path
-    here = os.path.normpath(mount_point + "/" + relative.lstrip("/"))
+    """The tightest quota from the group at ``path`` up to the mount's root
+    (None for a group outside the mount: another cgroup namespace's)."""
+    if root != "/":
+        if path != root and not path.startswith(root.rstrip("/") + "/"):
+            return None
+        path = path[len(root):]
+    mount_point = os.path.normpath(mount_point)
+    here = os.path.normpath(os.path.join(mount_point, path.lstrip("/")))
+    if os.path.commonpath([here, mount_point]) != mount_point:
+        return None  # ("/../x": a group above this namespace's root)
     tightest: float | None = None
     while True:
         quota = _group_quota(here, v2)
         if quota is not None and (tightest is None or quota < tightest):
             tightest = quota
-        if here == mount_point or not here.startswith(mount_point):
+        if here == mount_point:
             return tightest
         here = os.path.dirname(here)
 

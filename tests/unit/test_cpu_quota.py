@@ -108,3 +108,37 @@ def test_no_quota_where_nothing_can_be_read(tmp_path):
     proc = _tree(tmp_path, "garbage\n", ["not a mount line", "1 2 3 - cgroup2"])
     assert cpu_quota(proc) is None
     assert cores_for(1)  # this test's own process: at least one core
+
+
+def test_mount_names_in_any_encoding_and_with_escapes_are_read(tmp_path):
+    # mountinfo lists every mount: one named in Latin-1 must not stop the
+    # read, and a space in the cgroup mount's own path comes as \040.
+    fs = tmp_path / "cg root"
+    group = fs / "job"
+    group.mkdir(parents=True)
+    (group / "cpu.max").write_text("100000 100000\n")
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "cgroup").write_text("0::/job\n")
+    escaped = str(fs).replace(" ", "\\040")
+    (proc / "mountinfo").write_bytes(
+        b"20 1 8:1 / /media/caf\xe9 rw - vfat /dev/sdb1 rw\n"
+        + f"30 23 0:27 / {escaped} rw - cgroup2 cgroup2 rw\n".encode())
+    assert cpu_quota(str(proc)) == 1.0
+
+
+def test_groups_outside_the_mount_root_have_no_quota_here(tmp_path):
+    fs = tmp_path / "unified"
+    fs.mkdir()
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # above the mount: never read
+    (fs / "cpu.max").write_text("max 100000\n")
+    # A group above this cgroup namespace's root, and a group beside the
+    # mount's root that only shares the start of its name.
+    proc = _tree(tmp_path, "0::/../x\n", [f"30 23 0:27 / {fs} rw - cgroup2 cgroup2 rw"])
+    assert cpu_quota(proc) is None
+    (fs / "2").mkdir()
+    (fs / "2" / "cpu.max").write_text("50000 100000\n")
+    (tmp_path / "proc" / "cgroup").write_text("0::/docker/abc2\n")
+    (tmp_path / "proc" / "mountinfo").write_text(
+        f"30 23 0:27 /docker/abc {fs} rw - cgroup2 cgroup2 rw\n")
+    assert cpu_quota(proc) is None
