@@ -199,7 +199,9 @@ class ResponseBuilder:
 
 
 def respond_group(item: ReadyGroup, builder: ResponseBuilder) -> None:
-    """Answers a grouped allreduce whole: one response, or one error naming every tensor."""
+    """Answers a grouped allreduce whole, in one round: one response per fusion key
+    (a group may mix dtypes, as Horovod's may), in the group's order of first
+    appearance, or one error naming every tensor."""
     names = [t.name for t in item.tensors]
     for tensor in item.tensors:
         invalid = invalid_calls(tensor)
@@ -212,26 +214,25 @@ def respond_group(item: ReadyGroup, builder: ResponseBuilder) -> None:
             builder.error(names, problem)
             return
     firsts = [t.first_request() for t in item.tensors]
-    keys = {fusion_key_of(req, item.process_set.id) for req in firsts}
-    if len(keys) > 1 or any(req.op_type != OpType.ALLREDUCE for req in firsts):
+    if any(req.op_type != OpType.ALLREDUCE for req in firsts):
         quoted = ", ".join(f"'{n}'" for n in names)
-        builder.error(
-            names,
-            f"grouped allreduce of {quoted}: the tensors of a group must "
-            "all be allreduces with the same dtype, device, reduce_op and "
-            "scale factors",
-        )
+        builder.error(names, f"grouped allreduce of {quoted}: every tensor of a group "
+                             "must be an allreduce")
         return
     set_size = len(item.process_set.ranks)
     fill = any(len(t.submissions) < set_size for t in item.tensors)
-    builder.whole(
-        Response(
-            type=ResponseType.ALLREDUCE,
-            tensor_names=tuple(names),
-            process_set_id=item.process_set.id,
-            join_fill=tuple(firsts) if fill else (),
+    parts: dict[tuple[object, ...], list[int]] = {}
+    for i, req in enumerate(firsts):
+        parts.setdefault(fusion_key_of(req, item.process_set.id), []).append(i)
+    for part in parts.values():
+        builder.whole(
+            Response(
+                type=ResponseType.ALLREDUCE,
+                tensor_names=tuple(names[i] for i in part),
+                process_set_id=item.process_set.id,
+                join_fill=tuple(firsts[i] for i in part) if fill else (),
+            )
         )
-    )
 
 
 def respond_tensor(tensor: PendingTensor, builder: ResponseBuilder) -> None:

@@ -179,6 +179,28 @@ def test_an_invalid_call_wins_over_a_mismatch_and_fails_a_whole_group():
     assert "rank 1: op Adasum on int32" in response.error_message
 
 
+def test_a_group_of_several_dtypes_goes_out_whole_as_one_response_per_dtype():
+    job = form(2)
+    group = {"group_id": 3, "group_size": 3}
+    reqs = [treq("g.0", **group), treq("g.1", dtype="float64", **group), treq("g.2", **group)]
+    assert submit(job, 0, *reqs) == []
+    effects = submit(job, 1, *reqs)
+    for worker in ("w0", "w1"):
+        got = [(r.type, list(r.tensor_names)) for r in responses_to(effects, worker)]
+        assert got == [(npb.RESPONSE_TYPE_ALLREDUCE, ["g.0", "g.2"]),
+                       (npb.RESPONSE_TYPE_ALLREDUCE, ["g.1"])]
+
+
+def test_a_group_of_several_dtypes_is_filled_for_a_joined_rank_per_dtype():
+    job = form(2)
+    group = {"group_id": 3, "group_size": 2}
+    assert submit(job, 1, join_req()) == []
+    effects = submit(job, 0, treq("g.0", **group), treq("g.1", dtype="float64", **group))
+    got = [(list(r.tensor_names), [f.dtype for f in r.join_fill])
+           for r in responses_to(effects, "w1") if r.type == npb.RESPONSE_TYPE_ALLREDUCE]
+    assert got == [(["g.0"], ["float32"]), (["g.1"], ["float64"])]
+
+
 def test_removing_a_set_fails_its_pending_tensors_on_their_submitters():
     job = form(3, fusion_threshold_bytes=1024)
     add_set(job, 1, [0, 2])

@@ -104,6 +104,23 @@ def grouped(dtype_name):
     return {"sum": sync, "inplace": inplace, "avg": avg}
 
 
+def grouped_mixed_dtypes():
+    """A group whose tensors differ in dtype (Horovod takes it): float32, float64,
+    int32, an empty float16 and float32 again, synchronous, in place and async;
+    then a plain allreduce, which must still work."""
+    rank = hvd.rank()
+    specs = [(torch.float32, (3,)), (torch.float64, (2, 2)), (torch.int32, (4,)),
+             (torch.float16, (0, 2)), (torch.float32, (1,))]
+    tensors = [make_input(rank, dtype, shape, salt=i) for i, (dtype, shape) in enumerate(specs)]
+    sync = hvd.grouped_allreduce(tensors, name="mixed", op=hvd.Sum)
+    inplace = [t.clone() for t in tensors]
+    hvd.grouped_allreduce_(inplace, name="mixed2", op=hvd.Max)
+    avg = hvd.synchronize(hvd.grouped_allreduce_async(
+        [t for t in tensors if t.is_floating_point()], name="mixed3", op=hvd.Average))
+    after = hvd.allreduce(torch.ones(2), name="mixed.after", op=hvd.Sum)
+    return {"sum": sync, "max": inplace, "avg": avg, "after": after}
+
+
 def allgather_ragged(dtype_names):
     rank = hvd.rank()
     out = {}

@@ -9,13 +9,15 @@ import hora.torch as hvd
 
 
 class EmbeddingNet(torch.nn.Module):
-    def __init__(self, sparse: bool):
+    """``fc_dtype`` float64: a model of two dtypes (its head in double precision)."""
+
+    def __init__(self, sparse: bool, fc_dtype: torch.dtype = torch.float32):
         super().__init__()
         self.emb = torch.nn.Embedding(20, 4, sparse=sparse)
-        self.fc = torch.nn.Linear(4, 3)
+        self.fc = torch.nn.Linear(4, 3).to(fc_dtype)
 
     def forward(self, idx):
-        return self.fc(self.emb(idx).mean(1))
+        return self.fc(self.emb(idx).mean(1).to(self.fc.weight.dtype))
 
 
 def variant_batches(size: int, steps: int):
@@ -30,11 +32,14 @@ def train_variant(variant: str, steps: int = 3):
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(0)
     sparse = variant in ("sparse", "sparse_as_dense")
-    model = EmbeddingNet(sparse=sparse)
+    model = EmbeddingNet(sparse=sparse, fc_dtype=torch.float64 if variant == "mixed_groups"
+                         else torch.float32)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     kwargs = {"named_parameters": model.named_parameters()}
     if variant == "groups":
         kwargs["groups"] = 2
+    elif variant == "mixed_groups":  # one group of float32 and float64 gradients
+        kwargs["groups"] = 1
     elif variant == "explicit_groups":
         kwargs["groups"] = [[model.fc.weight, model.fc.bias]]
     elif variant == "bf16":

@@ -127,6 +127,26 @@ def test_grouped_allreduce(shared_coordinator, size, dtype_name):
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_a_group_of_mixed_dtypes_is_reduced_as_horovod_reduces_it(shared_coordinator, size):
+    results = values(run_workers(shared_coordinator, size, SCENARIOS, "grouped_mixed_dtypes"))
+    specs = [(torch.float32, (3,)), (torch.float64, (2, 2)), (torch.int32, (4,)),
+             (torch.float16, (0, 2)), (torch.float32, (1,))]
+    inputs = [[make_input(r, dtype, shape, salt=i) for r in range(size)]
+              for i, (dtype, shape) in enumerate(specs)]
+    floats = [i for i, (dtype, _) in enumerate(specs) if dtype.is_floating_point]
+    for result in results:
+        for i, (dtype, shape) in enumerate(specs):
+            for key, op in (("sum", "Sum"), ("max", "Max")):
+                got = result[key][i]
+                assert got.dtype == dtype and got.shape == torch.Size(shape)
+                assert_close(got, reduce_ref(inputs[i], op), dtype)
+        for got, i in zip(result["avg"], floats, strict=True):
+            assert got.dtype == specs[i][0]
+            assert_close(got, reduce_ref(inputs[i], "Average"), specs[i][0])
+        assert result["after"].tolist() == [float(size)] * 2
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_allgather_ragged_first_dimension(shared_coordinator, size):
     dtypes = list(DTYPES)
     results = values(run_workers(shared_coordinator, size, SCENARIOS, "allgather_ragged",

@@ -15,9 +15,9 @@ SCENARIOS = Path(__file__).with_name("scenarios_optimizer.py")
 import scenarios_optimizer as scenarios  # noqa: E402  (the test dir is on sys.path)
 
 
-def reference(size: int, sparse: bool, steps: int = 3):
+def reference(size: int, sparse: bool, steps: int = 3, fc_dtype: torch.dtype = torch.float32):
     torch.manual_seed(0)
-    model = scenarios.EmbeddingNet(sparse=sparse)
+    model = scenarios.EmbeddingNet(sparse=sparse, fc_dtype=fc_dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     idx, target = scenarios.variant_batches(size, steps)
     for step in range(steps):
@@ -30,11 +30,13 @@ def reference(size: int, sparse: bool, steps: int = 3):
 @pytest.mark.parametrize("variant,tol", [
     ("groups", 1e-6), ("explicit_groups", 1e-6), ("bf16", 2e-2), ("sparse", 1e-6),
     ("sparse_as_dense", 1e-6), ("skip_synchronize", 1e-6), ("predivide", 1e-6),
+    ("mixed_groups", 1e-6),
 ])
 def test_optimizer_variant_matches_single_process(shared_coordinator, variant, tol):
     results = [r.value for r in run_workers(shared_coordinator, 2, SCENARIOS, "train_variant",
                                             (variant,))]
-    expected = reference(2, sparse=variant.startswith("sparse"))
+    expected = reference(2, sparse=variant.startswith("sparse"),
+                         fc_dtype=torch.float64 if variant == "mixed_groups" else torch.float32)
     for key, value in expected.items():
         assert torch.equal(results[0][key], results[1][key]), key
         torch.testing.assert_close(results[0][key], value, rtol=tol, atol=tol)

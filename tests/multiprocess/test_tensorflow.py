@@ -112,6 +112,17 @@ def test_every_collective_matches_the_reference(collective_results, mode, dtype)
             assert (mode, "set_allreduce", dtype) not in got
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_group_of_several_dtypes_is_reduced_eager_and_in_graph(collective_results, mode):
+    for got in collective_results:
+        assert [name for name, _ in got[(mode, "mixed_group")]] == ["float32", "float64",
+                                                                   "int32"]
+        for (_, value), dtype in zip(got[(mode, "mixed_group")],
+                                     ("float32", "float64", "int32"), strict=True):
+            _close(value, _reduce([make_input(r, dtype) for r in range(SIZE)], "Sum", dtype),
+                   dtype)
+
+
 def test_compression_bool_and_adasum(collective_results):
     inputs = [make_input(r, "float32") for r in range(SIZE)]
     for got in collective_results:

@@ -113,6 +113,15 @@ def collectives():
                 else:
                     value = _np(value)
                 out[(mode, *key[:1], *key[1:], dtype)] = value
+    # One group of three dtypes (Horovod takes it): a model with float64 variables
+    # sends its gradients so.
+    mixed = [tf.constant(make_input(rank, dtype), dtype=_tf_dtype(tf, dtype))
+             for dtype in ("float32", "float64", "int32")]
+    for mode in MODES:
+        def group(*xs):
+            return hvd.grouped_allreduce(list(xs), op=hvd.Sum)
+        got = group(*mixed) if mode == "eager" else tf.function(group)(*mixed)
+        out[(mode, "mixed_group")] = [(v.dtype.name, _np(v)) for v in got]
     out["fp16_compressed"] = _np(hvd.allreduce(tf.constant(make_input(rank, "float32")),
                                                op=hvd.Sum, compression=hvd.Compression.fp16))
     out["bool_sum"] = hvd.allreduce(tf.constant([rank == 0, False, True]),
