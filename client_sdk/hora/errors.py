@@ -7,6 +7,9 @@
      |    The next collective works. Raised before anything reaches the
      |    data plane.
      |    +-- InvalidTypeError (also a TypeError)   an argument of the wrong type
+     +-- GradientComputedAgainError (also an AssertionError and a RuntimeError)
+     |    A DistributedOptimizer's gradient was computed more often than
+     |    backward_passes_per_step before step(); that step is forgotten.
      +-- HorovodInternalError (also a RuntimeError)
      |    A collective could not complete: a peer died, a tensor disagreed
      |    across ranks, the data plane failed. Elastic jobs restore the last
@@ -38,6 +41,7 @@ __all__ = [
     "AuthenticationError",
     "CoordinatorError",
     "CoordinatorUnavailableError",
+    "GradientComputedAgainError",
     "HoraError",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
@@ -66,6 +70,14 @@ class InvalidCallError(HoraError, ValueError, RuntimeError):
 
 class InvalidTypeError(InvalidCallError, TypeError):
     """An argument has the wrong type (a tensor was expected, say)."""
+
+
+class GradientComputedAgainError(HoraError, AssertionError, RuntimeError):
+    """A DistributedOptimizer's gradient was computed again before ``step()``.
+
+    An AssertionError, as Horovod's optimizer raises there, and a RuntimeError,
+    as hora raised before, so that either ``except`` keeps working.
+    """
 
 
 class HorovodInternalError(HoraError, RuntimeError):

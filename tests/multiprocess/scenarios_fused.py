@@ -240,7 +240,7 @@ def fused_gradient_handling():
 
     # Two backward passes before step(), and zero_grad() between backward and
     # step(): the errors of one by one, each followed by a step.
-    refused_then_a_step("twice", backward, RuntimeError, "after two backward passes")
+    refused_then_a_step("twice", backward, AssertionError, "after two backward passes")
     refused_then_a_step("zero_before_step", opt.zero_grad, AssertionError,
                         "after zero_grad before step")
     # Every rank gives a parameter new data of the same shape and dtype.

@@ -77,6 +77,7 @@ def test_gradient_hooks_hand_small_gradients_over_in_batches(shared_coordinator)
         out = r.value
         assert (out["small_in_flight"], out["small_noted"]) == (0, 1), out
         assert torch.equal(out["small_grad"], torch.full((4, 4), 1.5)), out["small_grad"]
+        assert out["again"].startswith("GradientComputedAgainError: "), out
         assert "was computed again before step()" in out["again"], out
         assert (out["big_in_flight"], out["big_noted"]) == (1, 0), out
 

@@ -36,11 +36,13 @@ def test_noting_hooks_give_the_same_steps_and_refuse_every_misuse(shared_coordin
         # raised by backward, as the handing-over hooks do.
         message, where = errors["again"]
         assert where == "both" and "was computed again before step()" in message, errors
+        assert message.startswith("GradientComputedAgainError: "), message
         assert "'a." in message, message
         # A pass that does not reach that gradient: raised at synchronize(),
         # naming the gradient that came twice.
         message, where = errors["again_elsewhere"]
         assert where == "synchronize" and "was computed again before step()" in message
+        assert message.startswith("GradientComputedAgainError: "), message
         assert "'b." in message, message
         message, where = errors["zero_grad"]
         assert message.startswith("AssertionError: optimizer.zero_grad() was called after")

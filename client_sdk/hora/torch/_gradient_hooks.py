@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from .. import _runtime
+from ..errors import GradientComputedAgainError
 from ._optimizer_step import _HANDED_OVER, HANDOVER_BYTES, _Slot
 
 __all__ = ["_GradientHooks", "_computed_again"]
@@ -152,7 +153,8 @@ class _GradientHooks:
             if noted and any(q is p for q in noted):
                 # The pass stops here; what came before the sentinel counts once.
                 noted[:] = {id(q): q for q in noted}.values()
-                raise RuntimeError(_computed_again(opt._names[p], opt.backward_passes_per_step))
+                raise GradientComputedAgainError(
+                    _computed_again(opt._names[p], opt.backward_passes_per_step))
             noted.append(p)
 
         return hook
@@ -189,7 +191,8 @@ class _GradientHooks:
             if id(p) in seen:
                 opt = self._opt
                 opt._reset_step()
-                raise RuntimeError(_computed_again(opt._names[p], opt.backward_passes_per_step))
+                raise GradientComputedAgainError(
+                    _computed_again(opt._names[p], opt.backward_passes_per_step))
             seen.add(id(p))
 
     def hand_over(self) -> None:

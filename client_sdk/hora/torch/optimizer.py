@@ -11,7 +11,7 @@ import torch
 
 from .. import _runtime
 from ..engine.telemetry import TELEMETRY
-from ..errors import HoraError
+from ..errors import GradientComputedAgainError, HoraError
 from ..world import take, wait
 from ._adasum_optimizer import _DistributedAdasumOptimizer
 from ._collectives import allreduce_gradient_async_, allreduce_gradients_async_
@@ -227,7 +227,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._step_runtime is None or self._step_runtime is not _runtime._runtime:
             self._begin_step()  # raises NotInitializedError outside a world
         if slot.pending is not None:
-            raise RuntimeError(_computed_again(self._names[p], self.backward_passes_per_step))
+            raise GradientComputedAgainError(
+                _computed_again(self._names[p], self.backward_passes_per_step))
         slot.delay -= 1
         if slot.delay:  # passes left; or below 0: computed again, its group not complete
             return
