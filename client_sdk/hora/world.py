@@ -341,7 +341,9 @@ def poll(handle: int | CallableHandle) -> bool:
 
 
 def synchronize(handle: int | CallableHandle) -> Any:
-    """Waits for the collective behind ``handle`` and returns its result.
+    """Waits for the collective behind ``handle`` and returns its result; None
+    for a handle that was synchronized already or never made, as Horovod's
+    ``synchronize`` returns (``poll`` raises for one).
 
     Raises:
         HorovodInternalError: the collective failed on this rank (a peer was
@@ -349,7 +351,9 @@ def synchronize(handle: int | CallableHandle) -> Any:
     """
     if isinstance(handle, CallableHandle):
         return handle()
-    entry = _lookup(handle)
+    entry = _handles.get(handle)
+    if entry is None:
+        return None
     try:
         return wait(entry)
     finally:

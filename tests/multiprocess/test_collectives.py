@@ -225,6 +225,36 @@ def test_barrier_poll_synchronize(shared_coordinator, size):
     assert results[1]["waited"] > 0.3
     for result in results:
         torch.testing.assert_close(result["result"], torch.ones(1000) * sum(range(size)))
+        assert result["again"] is None and result["bogus"] is None
+        assert result["polled_again"] == "InvalidCallError"  # a ValueError, as Horovod's
+        torch.testing.assert_close(result["after"], torch.full((2,), float(size)))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_in_place_collectives_on_leaves_that_require_grad(shared_coordinator, size):
+    """Horovod runs ``allreduce_(w)`` on a leaf that requires grad; hora failed
+    it with an internal error at the average's division, and then every later
+    call of the world."""
+    results = values(run_workers(shared_coordinator, size, SCENARIOS, "in_place_on_leaves"))
+    ranks = range(size)
+    for result in results:
+        for op in ("Average", "Sum", "Max"):
+            same, value, leaf, requires_grad = result[op]
+            assert same and leaf and requires_grad
+            expected = reduce_ref([make_input(r, torch.float32, (3, 4)) for r in ranks], op)
+            assert_close(value, expected, torch.float32)
+        a, b = result["group"]
+        assert_close(a, reduce_ref([make_input(r, torch.float64, (5,)) for r in ranks],
+                                   "Sum"), torch.float64)
+        assert_close(b, reduce_ref([make_input(r, torch.float64, (2, 2), salt=1)
+                                    for r in ranks], "Sum"), torch.float64)
+        assert_close(result["async"], reduce_ref(
+            [make_input(r, torch.float32, (6,), salt=2) for r in ranks], "Average"),
+            torch.float32)
+        assert_close(result["broadcast"], make_input(1, torch.float32, (4,), salt=3),
+                     torch.float32)
+        assert_close(result["grad"], torch.full((3, 4), 2.0), torch.float32)
+        assert_close(result["after"], torch.full((3,), float(size)), torch.float32)
 
 
 @pytest.mark.parametrize("size", [2])

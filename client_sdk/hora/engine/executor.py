@@ -141,6 +141,13 @@ class Executor:
         """Runs ``work``; a failure fails the generation instead of escaping a thread,
         and completes with it the entries ``work`` had taken out of the table."""
         started = self._pending.holding()
+        # The data plane writes into the callers' tensors outside autograd, as
+        # Horovod's C++ does: an in-place collective on a leaf that requires
+        # grad (``hvd.allreduce_(w)``) is not an in-place operation autograd
+        # may refuse. Grad mode is per thread, and a waited-on call runs its
+        # round on the caller's.
+        grad_mode = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
         try:
             work()
         except BackendError as exc:
@@ -157,6 +164,7 @@ class Executor:
                 f"cannot run further collectives"))
             raise
         finally:
+            torch.set_grad_enabled(grad_mode)
             if started:
                 self._pending.release()
 
