@@ -396,7 +396,8 @@ def _invalid_cases(rank: int, size: int, pset: object) -> list[tuple[str, object
             [f, torch.tensor(1.0)])),
         ("collective on a set never added", lambda: hvd.allreduce(
             f, process_set=hvd.ProcessSet([0]))),
-        ("synchronize of an unknown handle", lambda: hvd.synchronize(987654321)),
+        # (Horovod's synchronize returns None for an unknown handle; its poll raises.)
+        ("poll of an unknown handle", lambda: hvd.poll(987654321)),
         ("sparse_allreduce of a dense tensor", lambda: hvd.sparse_allreduce_async(f)),
     ]
 

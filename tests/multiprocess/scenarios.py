@@ -207,30 +207,6 @@ def barrier_poll_synchronize():
             "after": hvd.allreduce(torch.ones(2), name="after.handles", op=hvd.Sum)}
 
 
-def in_place_on_leaves():
-    """In-place collectives on leaves that require grad, as Horovod runs them
-    (its C++ writes their memory outside autograd), then a plain allreduce."""
-    rank = hvd.rank()
-    out = {}
-    for op_name in ("Average", "Sum", "Max"):
-        w = make_input(rank, torch.float32, (3, 4)).requires_grad_()
-        returned = hvd.allreduce_(w, name=f"leaf.{op_name}", op=getattr(hvd, op_name))
-        out[op_name] = (returned is w, w.detach().clone(), w.is_leaf, w.requires_grad)
-    a = make_input(rank, torch.float64, (5,)).requires_grad_()
-    b = make_input(rank, torch.float64, (2, 2), salt=1).requires_grad_()
-    hvd.grouped_allreduce_([a, b], name="leaf.group", op=hvd.Sum)
-    out["group"] = [a.detach().clone(), b.detach().clone()]
-    c = make_input(rank, torch.float32, (6,), salt=2).requires_grad_()
-    out["async"] = hvd.synchronize(hvd.allreduce_async_(c, name="leaf.async")).detach().clone()
-    d = make_input(rank, torch.float32, (4,), salt=3).requires_grad_()
-    hvd.broadcast_(d, root_rank=1, name="leaf.broadcast")
-    out["broadcast"] = d.detach().clone()
-    (w * 2).sum().backward()  # autograd still works on the leaf
-    out["grad"] = w.grad
-    out["after"] = hvd.allreduce(torch.ones(3), name="leaf.after", op=hvd.Sum)
-    return out
-
-
 def waited_then_polled(rounds: int = 20):
     """Waited allreduces (their callers run the rounds) mixed with async ones that
     are only polled, from this thread and from a second one: nobody waits on

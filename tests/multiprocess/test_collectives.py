@@ -17,6 +17,7 @@ from tests.support.workers import run_workers
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
 SCENARIOS = Path(__file__).with_name("scenarios.py")
+IN_PLACE = Path(__file__).with_name("scenarios_in_place.py")
 SIZES = [2, 3]
 
 
@@ -235,7 +236,7 @@ def test_in_place_collectives_on_leaves_that_require_grad(shared_coordinator, si
     """Horovod runs ``allreduce_(w)`` on a leaf that requires grad; hora failed
     it with an internal error at the average's division, and then every later
     call of the world."""
-    results = values(run_workers(shared_coordinator, size, SCENARIOS, "in_place_on_leaves"))
+    results = values(run_workers(shared_coordinator, size, IN_PLACE, "in_place_on_leaves"))
     ranks = range(size)
     for result in results:
         for op in ("Average", "Sum", "Max"):
@@ -287,3 +288,22 @@ def test_gradients_flow_through_collectives(shared_coordinator, size):
         # broadcast: the root gets the average of the incoming gradients (ones), others zeros.
         root_grad = torch.ones(2, 2) if rank == 0 else torch.zeros(2, 2)
         torch.testing.assert_close(result["broadcast"], root_grad)
+
+
+@pytest.mark.parametrize("size", [2])
+def test_a_tensor_that_cannot_be_written_fails_its_call_and_not_the_world(shared_coordinator,
+                                                                          size):
+    """An expanded tensor given to an in-place collective failed with an
+    internal error in the write-back, and every later call of the world with
+    it; so did a tensor resized while its allreduce was in flight."""
+    results = values(run_workers(shared_coordinator, size, IN_PLACE,
+                                 "in_place_on_shared_memory_elements"))
+    for rank, result in enumerate(results):
+        for call in ("allreduce_", "broadcast_", "grouped_allreduce_"):
+            is_value_error, message = result[call]
+            assert is_value_error and "share memory" in message and "expand()" in message
+            torch.testing.assert_close(result[f"{call}.after"], torch.full((2,), 2.0))
+        torch.testing.assert_close(result["allreduce"], torch.full((4,), 3.0))
+        torch.testing.assert_close(result["resized.after"], torch.full((2,), 2.0))
+        if rank == 1:  # (rank 0's allreduce may complete before it resizes)
+            assert "could not write its result back" in result["resized"]

@@ -224,7 +224,24 @@ class Executor:
 
     def finish(self, entry: Entry, value: Any) -> None:
         self._timeline.current.end(entry.name)
-        entry.handle.set_result(entry.result(value) if entry.result else value)
+        if entry.result is None:
+            entry.handle.set_result(value)
+            return
+        try:
+            result = entry.result(value)
+        except Exception as exc:  # noqa: BLE001 - the handle's error, not the world's
+            entry.handle.set_error(self._unwritten(entry, exc))
+            return
+        entry.handle.set_result(result)
+
+    def _unwritten(self, entry: Entry, exc: Exception) -> InvalidCallError:
+        """The error of a collective that completed on every rank, whose result
+        this rank could not hand back (writing into the caller's tensor
+        failed): that call fails, and the world goes on, as after an invalid call."""
+        log.warning("rank %d: %r completed, but its result could not be handed back: %s",
+                    self.rank, entry.name, exc)
+        return InvalidCallError(f"tensor {entry.name!r}: the collective completed, but rank "
+                                f"{self.rank} could not write its result back: {exc}")
 
     def _fill_for_join(self, response: negotiation_pb2.Response,
                        entries: list[Entry]) -> list[Entry]:
@@ -333,9 +350,14 @@ class Executor:
         if timeline.active:
             for entry in entries:
                 timeline.end(entry.name)
-        Handle.set_results([entry.handle for entry in entries],
-                           [entry.result(entry.buffer) if entry.result else entry.buffer
-                            for entry in entries])
+        try:
+            results = [entry.result(entry.buffer) if entry.result else entry.buffer
+                       for entry in entries]
+        except Exception:  # noqa: BLE001 - one caller's tensor: see ``finish``
+            for entry in entries:  # (handing a result back again writes the same values)
+                self.finish(entry, entry.buffer)
+            return
+        Handle.set_results([entry.handle for entry in entries], results)
 
     def activity(self, names: list[str], end: str | None, start: str | None) -> None:
         timeline = self._timeline.current

@@ -48,6 +48,7 @@ from ._submission import (
     _own_copy,
     _submit,
     _submit_all,
+    _unwritable,
 )
 from ._validation import (
     _device_problem,
@@ -109,7 +110,8 @@ def _allreduce_start(tensor: torch.Tensor, average: bool | None, name: str | Non
     problem: str | None = None
     if average is not None or type(op) is not ReduceOp:
         op, problem = _op(op, average)
-    problem = problem or _reduction_problem(tensor, op, pre, post, "allreduce")
+    problem = (problem or _reduction_problem(tensor, op, pre, post, "allreduce")
+               or _unwritable(tensor))
     if type(name) is not str or not name:
         name = _name(name, "allreduce", set_id)
     if op is ReduceOp.ADASUM and problem is None:
@@ -228,7 +230,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     if problem is None and op == ReduceOp.ADASUM:
         problem = "grouped_allreduce does not support op=hvd.Adasum; reduce the tensors one by one"
     problems = [problem or _reduction_problem(t, op, pre, post, "grouped_allreduce")
-                for t in tensors]
+                or _unwritable(t) for t in tensors]
     base = _name(name, "grouped_allreduce", set_id)
     # Derived from the name so that every rank computes the same id.
     group_id = zlib.crc32(base.encode()) + 1
@@ -296,7 +298,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     tensor = _tensor(tensor)
     set_id = check_process_set(process_set)
     root, problem = _root(root_rank, process_set)
-    problem = problem or _device_problem(tensor)
+    problem = problem or _device_problem(tensor) or _unwritable(tensor)
     name = _name(name, "broadcast", set_id)
     buffer, result = _in_place(tensor)
     return _submit(Entry(name=name, op_type=OpType.BROADCAST, buffer=buffer,

@@ -77,6 +77,20 @@ def _own_copy(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().clone(memory_format=torch.contiguous_format)
 
 
+def _unwritable(tensor: torch.Tensor) -> str | None:
+    """Why an in-place collective cannot write ``tensor``: elements that share
+    memory (a dimension of stride 0, as ``expand()`` makes), which torch refuses
+    to write. Horovod refuses every non-contiguous tensor; hora writes the others."""
+    if tensor.is_contiguous():
+        return None
+    for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
+        if stride == 0 and size > 1:
+            return (f"an in-place collective cannot write a {list(tensor.shape)} tensor whose "
+                    f"elements share memory (strides {list(tensor.stride())}, as expand() "
+                    f"makes): clone() it first, or call the out-of-place form")
+    return None
+
+
 def _in_place(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
     """The buffer a collective writes for ``tensor``, and how the result reaches ``tensor``."""
     if tensor.is_inference():
