@@ -86,11 +86,19 @@ global_process_set.process_set_id = 0
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Joins the job: blocks until every worker has joined, then builds the data plane.
 
-    ``comm`` and ``process_sets`` are accepted for compatibility with
+    ``process_sets``, as in Horovod: the sets to add now (each a
+    :class:`ProcessSet` or a list of ranks), or ``"dynamic"``, none now and any
+    later through :func:`add_process_set` (hora allows that anyway, without
+    Horovod's ``HOROVOD_DYNAMIC_PROCESS_SETS``). ``comm`` is accepted for
     Horovod's signature; an MPI communicator cannot be used by hora.
     """
     if comm is not None:
         raise ValueError("hora does not run over MPI: call hvd.init() without a communicator")
+    if isinstance(process_sets, str):
+        if process_sets.lower() != "dynamic":
+            raise ValueError(f"process_sets must be a list of process sets or 'dynamic', got "
+                             f"{process_sets!r}")
+        process_sets = None
     _runtime.init()
     for process_set in process_sets or ():
         add_process_set(process_set)

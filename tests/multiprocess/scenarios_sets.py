@@ -109,6 +109,32 @@ def process_set_across_init():
     return before, stale, after, hvd.remove_process_set(pset)
 
 
+def init_with_process_sets():
+    """Horovod's ``hvd.init(process_sets=...)``: a list of sets, or "dynamic"
+    (none now, any later); anything else is refused before joining. At 3 ranks."""
+    rank = hvd.rank()
+    hvd.shutdown()
+    listed = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[listed])
+    first = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="init.listed",
+                          process_set=listed) if listed.included() else None
+    listed_id = listed.process_set_id
+    hvd.shutdown()
+    hvd.init(process_sets="dynamic")
+    later = hvd.add_process_set([1, 2])
+    second = hvd.allreduce(torch.ones(1) * 2, op=hvd.Sum, name="init.dynamic",
+                           process_set=later) if rank > 0 else None
+    hvd.shutdown()
+    try:
+        hvd.init(process_sets="static")
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    hvd.init(process_sets="DYNAMIC")  # (the worker's harness shuts it down)
+    return listed_id, first, second, refused, hvd.allreduce(torch.ones(1), op=hvd.Sum,
+                                                            name="init.after")
+
+
 def uneven_join(op_name: str):
     """Rank r has 2 * (r + 1) batches; whoever runs out joins."""
     rank, size = hvd.rank(), hvd.size()

@@ -112,6 +112,23 @@ def test_a_process_set_must_be_added_again_after_shutdown_and_init(shared_coordi
         assert removed is True
 
 
+def test_init_takes_horovods_process_sets_argument(shared_coordinator):
+    """``hvd.init(process_sets="dynamic")``, as Horovod documents it, failed: the
+    string was taken for a list of ranks."""
+    results = [r.value for r in run_workers(shared_coordinator, 3, SCENARIOS,
+                                            "init_with_process_sets", timeout=90)]
+    for rank, (listed_id, first, second, refused, after) in enumerate(results):
+        assert listed_id == 1
+        if rank < 2:
+            torch.testing.assert_close(first, torch.full((1,), 2.0))
+        else:
+            assert first is None
+        if rank > 0:
+            torch.testing.assert_close(second, torch.full((1,), 4.0))
+        assert refused is not None and "'dynamic'" in refused, refused
+        torch.testing.assert_close(after, torch.full((1,), 3.0))
+
+
 def test_a_sets_fused_allreduces_beside_the_global_sets_stay_exact(shared_coordinator):
     """Each set's responses run on the set's own engine thread, at the same time as
     the global set's rounds: their fusion buffers must not be shared."""
