@@ -62,6 +62,8 @@ _ERROR_CLASSES: dict[int, type[HoraError]] = {
 }
 
 
+_set_grad_enabled = torch._C._set_grad_enabled
+
 # The dtypes whose average the mesh divides while packing (see ``divides_early``).
 _DIVIDED_EARLY = (torch.float32, torch.float64)
 
@@ -147,7 +149,7 @@ class Executor:
         # may refuse. Grad mode is per thread, and a waited-on call runs its
         # round on the caller's.
         grad_mode = torch.is_grad_enabled()
-        torch.set_grad_enabled(False)
+        _set_grad_enabled(False)  # (what torch.set_grad_enabled calls, at a third of its cost)
         try:
             work()
         except BackendError as exc:
@@ -164,7 +166,7 @@ class Executor:
                 f"cannot run further collectives"))
             raise
         finally:
-            torch.set_grad_enabled(grad_mode)
+            _set_grad_enabled(grad_mode)
             if started:
                 self._pending.release()
 

@@ -110,8 +110,9 @@ def _allreduce_start(tensor: torch.Tensor, average: bool | None, name: str | Non
     problem: str | None = None
     if average is not None or type(op) is not ReduceOp:
         op, problem = _op(op, average)
-    problem = (problem or _reduction_problem(tensor, op, pre, post, "allreduce")
-               or _unwritable(tensor))
+    problem = problem or _reduction_problem(tensor, op, pre, post, "allreduce")
+    if problem is None and not tensor.is_contiguous():
+        problem = _unwritable(tensor)
     if type(name) is not str or not name:
         name = _name(name, "allreduce", set_id)
     if op is ReduceOp.ADASUM and problem is None:
