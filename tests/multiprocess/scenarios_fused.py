@@ -32,13 +32,17 @@ def _batch(step: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(4, 3, generator=gen).to(dtype)
 
 
-def _expected(params, step: int, wire: torch.dtype | None, pset) -> list[torch.Tensor]:
+def _expected(params, step: int, wire: torch.dtype | None, pset,
+              grads: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
     """This step's gradients allreduced one by one, as the optimizer's first step
     does (an unused parameter contributes zeros; a sparse gradient, its dense
-    values)."""
+    values). ``grads``: this rank's gradients, where the parameters' own may
+    be in flight already (a group's, handed over by the hook of its last
+    gradient while backward runs)."""
     out = []
-    for i, p in enumerate(params):
-        local = p.grad.clone().to_dense() if p.grad is not None else torch.zeros_like(p)
+    params = list(params)
+    for i, (p, grad) in enumerate(zip(params, grads or [p.grad for p in params], strict=True)):
+        local = grad.clone().to_dense() if grad is not None else torch.zeros_like(p)
         sent = local.to(wire) if wire is not None else local
         got = hvd.allreduce(sent, name=f"reference.{step}.{i}", process_set=pset)
         out.append(got.to(p.dtype))
@@ -46,10 +50,10 @@ def _expected(params, step: int, wire: torch.dtype | None, pset) -> list[torch.T
 
 
 def _step_against_reference(opt, model: Net, step: int, wire: torch.dtype | None,
-                            pset) -> bool:
+                            pset, grads: list[torch.Tensor | None] | None = None) -> bool:
     """Synchronizes and steps; whether every gradient after synchronize()
-    equals the one-by-one reference bit for bit."""
-    expected = _expected(model.parameters(), step, wire, pset)
+    equals the one-by-one reference bit for bit (``grads``: see ``_expected``)."""
+    expected = _expected(model.parameters(), step, wire, pset, grads)
     opt.synchronize()
     equal = all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected,
                                                         strict=True))
@@ -90,10 +94,18 @@ def fused_steps(variant: str, steps: int = 5):
     for step in range(steps):
         opt.zero_grad()
         passes = 2 if variant == "accumulate" else 1
+        use_extra = hvd.rank() == 0 if variant == "unused_on_one_rank" else True
+        # The same passes on a copy without the optimizer's hooks: this rank's
+        # own gradients, which a group's allreduce, started by the hook of its
+        # last gradient, may have overwritten in the model before they are read.
+        shadow = Net(dtype)
+        shadow.load_state_dict(model.state_dict())
         for k in range(passes):
-            use_extra = hvd.rank() == 0 if variant == "unused_on_one_rank" else True
+            shadow(_batch(10 * step + k, dtype), use_extra).pow(2).sum().backward()
+        for k in range(passes):
             model(_batch(10 * step + k, dtype), use_extra).pow(2).sum().backward()
-        equal.append(_step_against_reference(opt, model, step, wire, pset))
+        equal.append(_step_against_reference(opt, model, step, wire, pset,
+                                             [p.grad for p in shadow.parameters()]))
     fused = _went_fused(opt)
     opt.zero_grad()
     return {"equal": equal, "fused": fused,

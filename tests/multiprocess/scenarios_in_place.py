@@ -75,4 +75,18 @@ def in_place_on_shared_memory_elements():
     except hvd.InvalidCallError as exc:
         out["resized"] = str(exc)
     out["resized.after"] = hvd.allreduce(torch.ones(2), name="after.resized", op=hvd.Sum)
+    # The same beside another tensor of the same round (fused with it): that one completes.
+    if rank == 0:
+        time.sleep(0.5)
+    a, b = torch.arange(8.0)[::2], torch.ones(3)
+    handles = [hvd.allreduce_async_(a, name="shared.fused.a", op=hvd.Sum),
+               hvd.allreduce_async_(b, name="shared.fused.b", op=hvd.Sum)]
+    a.set_(torch.zeros(3))
+    try:
+        hvd.synchronize(handles[0])
+        out["fused.resized"] = "no error"
+    except hvd.InvalidCallError as exc:
+        out["fused.resized"] = str(exc)
+    out["fused.other"] = hvd.synchronize(handles[1])
+    out["fused.after"] = hvd.allreduce(torch.ones(2), name="after.fused", op=hvd.Sum)
     return out

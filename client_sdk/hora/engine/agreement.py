@@ -214,7 +214,9 @@ class Agreement:
 
     def loop(self) -> None:
         """The background thread: runs rounds nobody waits for (gradients
-        allreduced while the backward pass goes on, say)."""
+        allreduced while the backward pass goes on, say), with grad mode off
+        for good (see :meth:`Executor.run_safely`)."""
+        torch.set_grad_enabled(False)
         while True:
             with self._lock:
                 while self._round_busy or not self._has_work() or self._in_burst():

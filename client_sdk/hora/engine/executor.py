@@ -146,10 +146,11 @@ class Executor:
         # The data plane writes into the callers' tensors outside autograd, as
         # Horovod's C++ does: an in-place collective on a leaf that requires
         # grad (``hvd.allreduce_(w)``) is not an in-place operation autograd
-        # may refuse. Grad mode is per thread, and a waited-on call runs its
-        # round on the caller's.
+        # may refuse. Grad mode is per thread: the engine's own threads keep it
+        # off, and a waited-on call runs its round on the caller's thread.
         grad_mode = torch.is_grad_enabled()
-        _set_grad_enabled(False)  # (what torch.set_grad_enabled calls, at a third of its cost)
+        if grad_mode:
+            _set_grad_enabled(False)  # (what torch.set_grad_enabled calls, a third of its cost)
         try:
             work()
         except BackendError as exc:
@@ -166,7 +167,8 @@ class Executor:
                 f"cannot run further collectives"))
             raise
         finally:
-            _set_grad_enabled(grad_mode)
+            if grad_mode:
+                _set_grad_enabled(True)
             if started:
                 self._pending.release()
 
@@ -226,6 +228,10 @@ class Executor:
 
     def finish(self, entry: Entry, value: Any) -> None:
         self._timeline.current.end(entry.name)
+        self._hand_back(entry, value)
+
+    def _hand_back(self, entry: Entry, value: Any) -> None:
+        """Completes ``entry``'s handle with what its collective produced."""
         if entry.result is None:
             entry.handle.set_result(value)
             return
@@ -357,7 +363,7 @@ class Executor:
                        for entry in entries]
         except Exception:  # noqa: BLE001 - one caller's tensor: see ``finish``
             for entry in entries:  # (handing a result back again writes the same values)
-                self.finish(entry, entry.buffer)
+                self._hand_back(entry, entry.buffer)
             return
         Handle.set_results([entry.handle for entry in entries], results)
 

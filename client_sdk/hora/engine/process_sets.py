@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from hora_native import Backend, backend_for_device, create_backend
@@ -116,8 +117,10 @@ class ProcessSets:
         group.queue.put(responses)
 
     def _loop(self, group: SetGroup) -> None:
-        """Runs a set's responses in the order the coordinator sent them."""
+        """Runs a set's responses in the order the coordinator sent them (grad
+        mode off for good, as on the rounds' thread)."""
         assert group.queue is not None
+        torch.set_grad_enabled(False)
         while True:
             batch = group.queue.get()
             if batch is None:
