@@ -396,8 +396,7 @@ def _invalid_cases(rank: int, size: int, pset: object) -> list[tuple[str, object
             [f, torch.tensor(1.0)])),
         ("collective on a set never added", lambda: hvd.allreduce(
             f, process_set=hvd.ProcessSet([0]))),
-        # (Horovod's synchronize returns None for an unknown handle; its poll raises.)
-        ("poll of an unknown handle", lambda: hvd.poll(987654321)),
+        ("poll of an unknown handle (synchronize returns None)", lambda: hvd.poll(987654321)),
         ("sparse_allreduce of a dense tensor", lambda: hvd.sparse_allreduce_async(f)),
     ]
 

@@ -39,6 +39,15 @@ def in_place_on_leaves():
     return out
 
 
+def _error_of(wait) -> str | tuple[bool, str]:
+    """The InvalidCallError ``wait()`` raises: whether it is a ValueError, and its text."""
+    try:
+        wait()
+    except hvd.InvalidCallError as exc:
+        return isinstance(exc, ValueError), str(exc)
+    return "no error"
+
+
 def in_place_on_shared_memory_elements():
     """In-place collectives on an expand()ed tensor, which torch cannot write,
     fail as invalid calls on every rank (Horovod refuses any non-contiguous
@@ -53,11 +62,7 @@ def in_place_on_shared_memory_elements():
             [torch.ones(2), t], name="shared.group", op=hvd.Sum),
     }
     for call, run in calls.items():
-        try:
-            run(torch.ones(1).expand(4))
-            out[call] = "no error"
-        except hvd.InvalidCallError as exc:
-            out[call] = (isinstance(exc, ValueError), str(exc))
+        out[call] = _error_of(lambda run=run: run(torch.ones(1).expand(4)))
         out[f"{call}.after"] = hvd.allreduce(torch.ones(2), name=f"after.{call}", op=hvd.Sum)
     # Out of place, an expanded tensor is only read.
     out["allreduce"] = hvd.allreduce(torch.ones(1).expand(4) * (rank + 1), op=hvd.Sum,
@@ -69,11 +74,7 @@ def in_place_on_shared_memory_elements():
     t = torch.arange(8.0)[::2]  # not contiguous: the result is copied back into it
     handle = hvd.allreduce_async_(t, name="shared.resized", op=hvd.Sum)
     t.set_(torch.zeros(3))
-    try:
-        hvd.synchronize(handle)
-        out["resized"] = "no error"
-    except hvd.InvalidCallError as exc:
-        out["resized"] = str(exc)
+    out["resized"] = _error_of(lambda: hvd.synchronize(handle))
     out["resized.after"] = hvd.allreduce(torch.ones(2), name="after.resized", op=hvd.Sum)
     # The same beside another tensor of the same round (fused with it): that one completes.
     if rank == 0:
@@ -82,11 +83,7 @@ def in_place_on_shared_memory_elements():
     handles = [hvd.allreduce_async_(a, name="shared.fused.a", op=hvd.Sum),
                hvd.allreduce_async_(b, name="shared.fused.b", op=hvd.Sum)]
     a.set_(torch.zeros(3))
-    try:
-        hvd.synchronize(handles[0])
-        out["fused.resized"] = "no error"
-    except hvd.InvalidCallError as exc:
-        out["fused.resized"] = str(exc)
+    out["fused.resized"] = _error_of(lambda: hvd.synchronize(handles[0]))
     out["fused.other"] = hvd.synchronize(handles[1])
     out["fused.after"] = hvd.allreduce(torch.ones(2), name="after.fused", op=hvd.Sum)
     return out
