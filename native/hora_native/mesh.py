@@ -27,44 +27,30 @@ with a ring's bytes per rank in fewer steps (one at 2 ranks, four at 4).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
-from .base import BackendError, PlacedViews, Placement, ReduceKind, RegionViews, scale_
+from .base import PlacedViews, Placement, ReduceKind, RegionViews, scale_
+from .mesh_pairwise import COMBINE as _COMBINE
+from .mesh_pairwise import MESH_DTYPES, PAIR_CHUNK_BYTES, PairwiseAllreduce
+from .mesh_pairwise import REDUCE_INTO as _REDUCE_INTO
+from .mesh_resident import reduce_in_place
 from .mesh_transport import MAX_MESH_SIZE, MeshTransport
 
 __all__ = ["KEPT_LAYOUTS", "MAX_MESH_SIZE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "Layout",
            "MeshBackend", "MeshRound", "PairwiseAllreduce", "TensorSpec"]
 
-# Element types the mesh reduces itself, by wire name.
-MESH_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "uint8", "int8",
-                         "int16", "int32", "int64"})
-
-_REDUCE_INTO: dict[ReduceKind, Callable[[torch.Tensor, torch.Tensor], Any]] = {
-    ReduceKind.SUM: torch.Tensor.add_,
-    ReduceKind.MIN: lambda acc, other: torch.minimum(acc, other, out=acc),
-    ReduceKind.MAX: lambda acc, other: torch.maximum(acc, other, out=acc),
-    ReduceKind.PRODUCT: torch.Tensor.mul_,
-}
-
-# The same reductions into a third tensor (``out=``): rank 0's and rank 1's in one pass.
-_COMBINE: dict[ReduceKind, Callable[..., Any]] = {
-    ReduceKind.SUM: torch.add,
-    ReduceKind.MIN: torch.minimum,
-    ReduceKind.MAX: torch.maximum,
-    ReduceKind.PRODUCT: torch.mul,
-}
+# The smallest payload worth sending from a resident buffer (:mod:`.mesh_resident`):
+# below it the copy costs less than the check and the barrier after the reduction.
+RESIDENT_MIN_BYTES = 64 << 10
 
 # The most layouts a mesh keeps (each of a set of ready slots).
 KEPT_LAYOUTS = 16
-
-# The most bytes of a tensor one pass of PairwiseAllreduce handles: a larger
-# tensor goes in chunks, so the receive buffers the transport keeps stay small.
-PAIR_CHUNK_BYTES = 16 << 20
 
 Message = tuple[list[int], torch.Tensor | None]
 
@@ -198,6 +184,11 @@ class MeshBackend:
         offsets = layout.offsets
         if not offsets:
             return None
+        if len(offsets) == 1 and layout.total >= RESIDENT_MIN_BYTES and \
+                self.transport.has_resident:
+            resident = self._resident_payload(tensors, layout)
+            if resident is not None:
+                return resident
         send = self.transport.payload_buffer(layout.total)
         self._drop_stale_views()
         sources: list[torch.Tensor] = []
@@ -234,6 +225,25 @@ class MeshBackend:
             scale_(view, prescale)
         return send
 
+    def _resident_payload(self, tensors: Sequence[tuple[int, torch.Tensor, float]],
+                          layout: Layout) -> torch.Tensor | None:
+        """The one tensor ``layout`` places, as bytes, when it lies in a resident
+        buffer of this rank (:mod:`.mesh_resident`) and its prescale may wait
+        until the reduction (1, or a power of two for floats): peers read it
+        where it is, and nothing is copied. None otherwise."""
+        (slot,) = layout.offsets
+        found = next((item for item in tensors if item[0] == slot), None)
+        if found is None:
+            return None
+        _slot, tensor, prescale = found
+        if prescale != 1.0 and not (tensor.is_floating_point() and prescale > 0
+                                    and math.frexp(prescale)[0] == 0.5):
+            return None
+        if not tensor.is_contiguous() or tensor.nbytes != layout.total:
+            return None
+        raw = tensor.view(-1).view(torch.uint8)
+        return raw if self.transport.holds_resident(raw) else None
+
     def _views(self, send: torch.Tensor, layout: Layout, sources: list[torch.Tensor]
                ) -> list[torch.Tensor]:
         """Views of the payload buffer ``send`` as each of ``sources`` placed by
@@ -251,10 +261,20 @@ class MeshBackend:
         """Every rank's vector and payload, by rank (see :meth:`MeshTransport.exchange`)."""
         return self.transport.exchange(values, payload, uniform=uniform, spin=spin)
 
-    def round(self, messages: list[Message], layouts: list[dict[int, int]]) -> MeshRound:
-        """The payloads of one exchange, with the layout each rank sent them in."""
+    def round(self, messages: list[Message], layouts: list[dict[int, int]],
+              factor: Callable[[int], float] = lambda _slot: 1.0, *, spin: bool = False
+              ) -> MeshRound:
+        """The payloads of one exchange, with the layout each rank sent them in.
+
+        ``factor``: each slot's prescale, which payloads sent from resident
+        buffers did not apply; ``spin``: the caller's thread waits for the
+        round (see :meth:`MeshTransport.exchange`), also at the barrier that
+        follows the reduction of such payloads."""
         self._drop_stale_views()  # a peer may have grown its segment
-        return MeshRound(messages, layouts, self._regions)
+        transport = self.transport
+        return MeshRound(messages, layouts, self._regions, _Resident(
+            self.rank, transport.resident_ranks, factor,
+            lambda: transport.exchange((), None, spin=spin)))
 
     def _drop_stale_views(self) -> None:
         """Drops the kept views once the transport has replaced a payload buffer:
@@ -289,14 +309,28 @@ def _compute_layout(slots: tuple[int, ...], spec: Callable[[int], TensorSpec], b
     return Layout(offsets, total, (0, total) if offsets and flat else None)
 
 
+class _Resident:
+    """What a round's reduction needs to know of payloads sent from resident
+    buffers (:mod:`.mesh_resident`): this rank, the ranks that sent one, each
+    slot's prescale (which those payloads did not apply), and the barrier that
+    follows a reduction reading them."""
+
+    __slots__ = ("barrier", "factor", "rank", "ranks")
+
+    def __init__(self, rank: int, ranks: frozenset[int], factor: Callable[[int], float],
+                 barrier: Callable[[], object]) -> None:
+        self.rank, self.ranks, self.factor, self.barrier = rank, ranks, factor, barrier
+
+
 class MeshRound:
     """What one exchange brought: every rank's payload and where its tensors lie."""
 
     def __init__(self, messages: list[Message], layouts: list[dict[int, int]],
-                 regions: RegionViews) -> None:
+                 regions: RegionViews, resident: _Resident | None = None) -> None:
         self._payloads = [payload for _values, payload in messages]
         self._layouts = layouts
         self._regions = regions
+        self._resident = resident if resident is not None and resident.ranks else None
         # In training every rank sent one layout (the same object): its slots.
         first = layouts[0]
         self._carried = first.keys() if all(layout is first for layout in layouts) else \
@@ -308,7 +342,8 @@ class MeshRound:
 
     def batch(self, slots: Sequence[tuple[int, int]]) -> CarriedBatch:
         """A backend for one fused batch: ``slots`` are (slot, nbytes) in buffer order."""
-        return CarriedBatch(self._payloads, self._layouts, slots, self._regions)
+        return CarriedBatch(self._payloads, self._layouts, slots, self._regions,
+                            self._resident)
 
 
 class CarriedBatch:
@@ -322,30 +357,23 @@ class CarriedBatch:
     reads_input = False
 
     def __init__(self, payloads: list[torch.Tensor | None], layouts: list[dict[int, int]],
-                 slots: Sequence[tuple[int, int]], regions: RegionViews) -> None:
+                 slots: Sequence[tuple[int, int]], regions: RegionViews,
+                 resident: _Resident | None = None) -> None:
         self._payloads = payloads
         self._layouts = layouts
         self._slots = slots
         self._regions = regions
+        self._resident = resident
 
     def allreduce(self, tensor: torch.Tensor, op: ReduceKind) -> None:
         flat = tensor if tensor.dim() == 1 else tensor.view(-1)
-        dtype, nbytes = flat.dtype, flat.nbytes
-        first_slot, last_slot = self._slots[0][0], self._slots[-1][0]
-        last_nbytes = self._slots[-1][1]
+        if self._resident is not None:
+            self._allreduce_resident(flat, op, self._resident)
+            return
         reduce = _REDUCE_INTO[op]
         first: torch.Tensor | None = None
-        for rank, (payload, layout) in enumerate(zip(self._payloads, self._layouts,
-                                                     strict=True)):
-            assert payload is not None
-            start = layout[first_slot]
-            # A view of the payload when the batch lies back to back there
-            # (the usual case: every rank was ready with the same tensors).
-            if layout[last_slot] + last_nbytes - start == nbytes:
-                theirs = self._regions.get(payload, start, nbytes, dtype)
-            else:
-                theirs = torch.cat([payload[layout[slot]:layout[slot] + size].view(dtype)
-                                    for slot, size in self._slots])
+        for rank in range(len(self._payloads)):
+            theirs = self._contribution(rank, flat)
             if rank == 0:
                 first = theirs
             elif rank == 1:
@@ -356,129 +384,49 @@ class CarriedBatch:
             else:
                 reduce(flat, theirs)
 
+    def _contribution(self, rank: int, flat: torch.Tensor) -> torch.Tensor:
+        """Rank ``rank``'s contribution to the batch, as ``flat``'s dtype."""
+        payload, layout = self._payloads[rank], self._layouts[rank]
+        assert payload is not None
+        dtype, nbytes = flat.dtype, flat.nbytes
+        first_slot, (last_slot, last_nbytes) = self._slots[0][0], self._slots[-1]
+        start = layout[first_slot]
+        # A view of the payload when the batch lies back to back there
+        # (the usual case: every rank was ready with the same tensors).
+        if layout[last_slot] + last_nbytes - start == nbytes:
+            return self._regions.get(payload, start, nbytes, dtype)
+        return torch.cat([payload[layout[slot]:layout[slot] + size].view(dtype)
+                          for slot, size in self._slots])
 
-class PairwiseAllreduce:
-    """Allreduce by swaps between pairs of ranks over the mesh's connections.
-
-    For worlds of 2 or 4 ranks that share no memory (several machines), for
-    the batches too large to ride the agreement round. Each swap sends and
-    receives at once between two ranks only (:meth:`MeshTransport.swap`):
-
-    - **2 ranks:** one swap of the whole tensor; both ranks reduce. A ring
-      (Gloo's) moves the same bytes in two dependent steps.
-    - **4 ranks:** recursive halving, then doubling (Rabenseifner): swap half
-      the tensor with the rank at distance 1 and reduce the half kept, then a
-      quarter with the rank at distance 2; then send the reduced quarter back
-      the same way, doubling. Four steps instead of a ring's six, with a
-      ring's bytes per rank. Ranks fill hosts in order, so with 2 ranks per
-      host the distance-1 swaps stay on the machine, where they go through
-      /dev/shm (:meth:`MeshTransport.swap` with a local peer), and only
-      quarters cross between machines: the whole tensor once each way per
-      machine, against 1.5 times that on a ring, and a third of a ring's
-      bytes through the network stack.
-
-    Every rank gets the same bits. With 4 ranks one rank reduces each quarter
-    and the others receive copies. With 2, both reduce: SUM and PRODUCT are
-    commutative in IEEE arithmetic (``a + b`` and ``b + a`` are the same
-    number), and MIN and MAX are taken in rank order. Tensors larger than
-    ``chunk_bytes`` go in chunks, so the transport's receive buffers stay small.
-
-    Measured across network namespaces (bench/README.md, section 8).
-
-    Args:
-        transport: the world's mesh transport.
-        rank: this rank.
-        chunk_bytes: the most bytes of the tensor one pass of the algorithm handles.
-
-    Raises:
-        ValueError: the world is not of 2 or 4 ranks.
-    """
-
-    name = "mesh"
-    reads_input = True
-    SIZES = (2, 4)
-
-    def __init__(self, transport: MeshTransport, rank: int,
-                 chunk_bytes: int = PAIR_CHUNK_BYTES) -> None:
-        if transport.size not in self.SIZES or not 0 <= rank < transport.size:
-            raise ValueError(f"pairwise allreduce needs 2 or 4 ranks, got rank {rank} of "
-                             f"{transport.size}")
-        self._transport = transport
-        self._rank = rank
-        self._size = transport.size
-        self._chunk = chunk_bytes
-        #: Tensors (or fused batches) allreduced so far.
-        self.allreduces = 0
-
-    @staticmethod
-    def takes(dtype: str) -> bool:
-        """Whether tensors of ``dtype`` (wire name, ``"float32"``) can go through it."""
-        return dtype in MESH_DTYPES
-
-    def allreduce(self, tensor: torch.Tensor, op: ReduceKind) -> None:
-        """Reduces ``tensor`` (contiguous, CPU) across the ranks, in place.
-
-        Raises:
-            BackendError: a peer died, sent a different length, or the
-                transport's timeout passed.
-        """
-        flat = tensor.detach().view(-1)
-        step = max(1, self._chunk // flat.element_size())
-        for start in range(0, flat.numel(), step):
-            part = flat[start:start + step]
-            if self._size == 2:
-                self._swap_whole(part, op)
-            else:
-                self._halving_doubling(part, op)
-        self.allreduces += 1
-
-    def _swap(self, peer: int, mine: torch.Tensor) -> torch.Tensor:
-        """``mine`` to ``peer``, the peer's as many elements back (a reused buffer)."""
-        raw = mine.view(torch.uint8)
-        theirs = self._transport.swap(peer, raw)
-        if theirs.numel() != raw.numel():
-            raise BackendError(
-                f"pairwise allreduce: rank {peer} sent {theirs.numel()} bytes where rank "
-                f"{self._rank} sent {raw.numel()}; the ranks' tensors differ")
-        return theirs.view(mine.dtype)
-
-    def _swap_whole(self, part: torch.Tensor, op: ReduceKind) -> None:
-        theirs = self._swap(1 - self._rank, part)
-        reduce = _REDUCE_INTO[op]
-        if self._rank == 1 and op is ReduceKind.MIN:
-            torch.minimum(theirs, part, out=part)  # rank 0's value first, as on rank 0
-        elif self._rank == 1 and op is ReduceKind.MAX:
-            torch.maximum(theirs, part, out=part)
-        else:
-            reduce(part, theirs)
-
-    def _halving_doubling(self, part: torch.Tensor, op: ReduceKind) -> None:
-        reduce = _REDUCE_INTO[op]
-        lo, hi = 0, part.numel()
-        kept: list[tuple[int, int, int]] = []  # (peer, lo, hi) before each halving
-        distance = 1
-        while distance < self._size:
-            peer = self._rank ^ distance
-            mid = (lo + hi) // 2
-            keep, give = ((lo, mid), (mid, hi)) if self._rank & distance == 0 else \
-                ((mid, hi), (lo, mid))
-            theirs = self._swap_unequal(peer, part[give[0]:give[1]], keep[1] - keep[0])
-            kept.append((peer, lo, hi))
-            reduce(part[keep[0]:keep[1]], theirs)
-            lo, hi = keep
-            distance *= 2
-        for peer, parent_lo, parent_hi in reversed(kept):
-            sibling = (hi, parent_hi) if lo == parent_lo else (parent_lo, lo)
-            theirs = self._swap_unequal(peer, part[lo:hi], sibling[1] - sibling[0])
-            part[sibling[0]:sibling[1]].copy_(theirs)
-            lo, hi = parent_lo, parent_hi
-
-    def _swap_unequal(self, peer: int, mine: torch.Tensor, expect: int) -> torch.Tensor:
-        """Sends ``mine`` and receives ``expect`` elements (the halves may differ by one)."""
-        theirs = self._transport.swap(peer, mine.view(torch.uint8))
-        if theirs.numel() != expect * mine.element_size():
-            raise BackendError(
-                f"pairwise allreduce: rank {peer} sent {theirs.numel()} bytes where rank "
-                f"{self._rank} expected {expect * mine.element_size()}; the ranks' tensors "
-                f"differ")
-        return theirs.view(mine.dtype)
+    def _allreduce_resident(self, flat: torch.Tensor, op: ReduceKind,
+                            resident: _Resident) -> None:
+        """The batch when some rank sent its payload from a resident buffer
+        (:mod:`.mesh_resident`), unscaled, which it may overwrite as soon as
+        every rank has read it: each rank then passes one barrier, the same on
+        every rank (every rank knows which payloads were resident)."""
+        factor = resident.factor(self._slots[0][0])
+        if (len(resident.ranks) == len(self._payloads) and len(self._slots) == 1
+                and (factor == 1.0 or op is not ReduceKind.PRODUCT)):
+            # Every rank's buffer holds the batch alone: each reduces its share.
+            terms = [self._contribution(rank, flat) for rank in range(len(self._payloads))]
+            reduce_in_place(terms, resident.rank, factor, _COMBINE[op], _REDUCE_INTO[op],
+                            resident.barrier)
+            if terms[resident.rank].data_ptr() != flat.data_ptr():
+                flat.copy_(terms[resident.rank])
+            return
+        # Some rank copied its payload: the whole reduction here, into a tensor
+        # of its own (a resident buffer, ours included, is read until the
+        # barrier), with the prescale the copies had applied.
+        terms = []
+        for rank in range(len(self._payloads)):
+            theirs = self._contribution(rank, flat)
+            if rank in resident.ranks and factor != 1.0:
+                theirs = theirs.clone()
+                scale_(theirs, factor)
+            terms.append(theirs)
+        out = torch.empty_like(flat)
+        _COMBINE[op](terms[0], terms[1], out=out)
+        for theirs in terms[2:]:
+            _REDUCE_INTO[op](out, theirs)
+        resident.barrier()
+        flat.copy_(out)

@@ -57,7 +57,9 @@ from .mesh_handshake import HANDSHAKE_TIMEOUT, accept_peers, connect_peer
 from .mesh_local import connect_locally, probe_shared_memory
 from .mesh_messages import _INLINE, _MESSAGE, _Incoming, _Outgoing
 from .mesh_poll import SPIN_S, cores_for, ready_sockets
+from .mesh_resident import FIRST_RESIDENT, ResidentBuffers
 from .mesh_segments import Segment, at_least, peer_view, unlink
+from .mesh_swaps import SwapSegments
 
 __all__ = ["MAX_MESH_SIZE", "MeshTransport"]
 
@@ -116,6 +118,15 @@ class MeshTransport:
         self._peer_segments: dict[int, tuple[int, Segment]] = {}
         self._unlink_after: list[tuple[int, str]] = []
         self._exchanges = 0
+        # Buffers peers read in place (shared-memory mode only), and the ranks
+        # whose payload in the last exchange lay in one (see ``resident_ranks``).
+        self._resident: ResidentBuffers | None = None
+        self._resident_in: set[int] = set()
+        #: The ranks (this one included) whose payload in the last exchange was
+        #: a resident buffer (:mod:`.mesh_resident`): read in place, not copied.
+        self.resident_ranks: frozenset[int] = frozenset()
+        #: Exchanges whose payload was a resident buffer of this rank (for tests).
+        self.resident_sends = 0
         #: The peers whose message the exchange in progress still lacks
         #: (empty between exchanges); read by other threads to name the ranks
         #: a stalled exchange waits for.
@@ -124,17 +135,8 @@ class MeshTransport:
         #: Peers whose /dev/shm this rank shares (both ways): on this machine.
         self.local_peers: frozenset[int] = frozenset()
         self._spin = False  # whether an exchange may spin (see ``exchange``)
-        # Swaps with a local peer: per peer, our
-        # segment for it (double-buffered, grown by new versions), the number
-        # of swaps so far, the files to unlink after a given swap, and the
-        # peer's segment we mapped.
-        self._swap_segments: dict[int, tuple[int, Segment]] = {}
-        self._swaps: dict[int, int] = {}
-        self._swap_unlink: dict[int, list[tuple[int, str]]] = {}
-        self._peer_swap_segments: dict[int, tuple[int, Segment]] = {}
-        self._swap_shm_refused = 1 << 62
-        #: Swaps whose payload went through shared memory (for tests and benchmarks).
-        self.shared_swaps = 0
+        # Swaps with local peers: this rank's segments for them, and theirs mapped.
+        self._swap_segments = SwapSegments(rank, shm_prefix)
         #: Bumped whenever a buffer that exchanged payloads lie in is replaced (our
         #: segment or a peer's, grown; a private buffer, grown): whoever keeps views
         #: of payloads drops them then, so that the old buffer can go.
@@ -184,6 +186,8 @@ class MeshTransport:
                                             shared_memory, self.exchange)
                 self._prefix, self._peer_prefix = found.prefix, found.peer_prefix
                 self.local_peers, self.shared = found.local_peers, found.shared
+                if self.shared:
+                    self._resident = ResidentBuffers(rank, self._prefix, self._peer_prefix)
                 self._spin = cores_for(max(local_ranks, 1 + len(self.local_peers)))
                 local = connect_locally(found, rank, size, self.exchange, token, context,
                                         deadline, handshake_timeout)
@@ -243,8 +247,34 @@ class MeshTransport:
         offset = (self._exchanges % 2) * segment.half
         return segment.region(offset, nbytes)
 
+    def resident_zeros(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """A zeroed buffer that peers read in place when it is a payload
+        (:mod:`.mesh_resident`); None unless every rank shares this machine's
+        /dev/shm, or when it has no room."""
+        if self._resident is None:
+            return None
+        try:
+            return self._resident.zeros(numel, dtype)
+        except OSError as exc:
+            log.warning("rank %d: no room in %s for a %d element resident buffer (%s); its "
+                        "payloads are copied", self.rank, os.path.dirname(self._shm_prefix),
+                        numel, exc)
+            return None
+
+    def holds_resident(self, payload: torch.Tensor) -> bool:
+        """Whether ``payload`` lies in a resident buffer of this rank (None made: False)."""
+        return self._resident is not None and self._resident.holds(payload)
+
+    @property
+    def has_resident(self) -> bool:
+        """Whether this rank made a resident buffer (:meth:`resident_zeros`)."""
+        return self._resident is not None and self._resident.made
+
     def _peer_payload(self, peer: int, version: int, offset: int, nbytes: int
                       ) -> torch.Tensor:
+        if version <= FIRST_RESIDENT and self._resident is not None:
+            self._resident_in.add(peer)
+            return self._resident.peer_view(peer, version, offset, nbytes)
         path = f"{self._peer_prefix[peer]}-{peer}-{version}"
         mapped = self._peer_segments.get(peer)
         view = peer_view(self._peer_segments, self.rank, peer, version, path, "shared segment",
@@ -288,7 +318,16 @@ class MeshTransport:
         nbytes = 0 if payload is None else payload.numel()
         segment = self._segment
         body: memoryview | None = None
-        if payload is not None and nbytes and self.shared and segment is not None and \
+        resident = self._resident.locate(payload) if \
+            self._resident is not None and payload is not None and nbytes else None
+        self._resident_in = {self.rank} if resident is not None else set()
+        if resident is not None:
+            version, offset, named = resident
+            head = _MESSAGE.pack(n, nbytes, offset, version)
+            self.resident_sends += 1
+            if named is not None:  # every peer has opened it after the next exchange
+                self._unlink_after.append((self._exchanges + 1, named))
+        elif payload is not None and nbytes and self.shared and segment is not None and \
                 payload.untyped_storage().data_ptr() == segment.tensor.data_ptr():
             offset = payload.data_ptr() - segment.tensor.data_ptr()
             head = _MESSAGE.pack(n, nbytes, offset, self._version)
@@ -304,6 +343,7 @@ class MeshTransport:
                      for peer in self._peers}
         for peer, message in self._transfer(sending, receiving, spin and self._spin).items():
             result[peer] = message
+        self.resident_ranks = frozenset(self._resident_in)
         self._exchanges += 1
         while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
             unlink(self._unlink_after.pop(0)[1])
@@ -332,60 +372,24 @@ class MeshTransport:
         nbytes = payload.numel()
         head = _MESSAGE.pack(0, nbytes, 0, _INLINE)
         body = memoryview(payload.numpy()) if nbytes else None  # type: ignore[arg-type]
-        if nbytes and peer in self.local_peers and nbytes < self._swap_shm_refused:
-            located = self._swap_buffer(peer, nbytes)
+        if nbytes and peer in self.local_peers:
+            located = self._swap_segments.buffer(peer, nbytes, self._prefix)
             if located is not None:
                 buffer, offset, version = located
                 buffer.copy_(payload)
                 head, body = _MESSAGE.pack(0, nbytes, offset, version), None
-                self.shared_swaps += 1
-        count = self._swaps.get(peer, 0)
-        incoming = _Incoming(self, peer, 0, self._peer_swap_payload)
+        segments = self._swap_segments
+        incoming = _Incoming(self, peer, 0, lambda peer, version, offset, nbytes: (
+            segments.peer_payload(peer, version, offset, nbytes, self._peer_prefix[peer])))
         got = self._transfer({peer: _Outgoing(self._peers[peer], head, body)},
                              {peer: incoming})[peer][1]
-        self._swaps[peer] = count + 1
-        # The peer has opened a segment of ours named in an earlier swap once it
-        # has answered a later one.
-        pending = self._swap_unlink.get(peer, [])
-        while pending and pending[0][0] < count:
-            unlink(pending.pop(0)[1])
+        segments.swapped(peer)
         return got if got is not None else payload[:0]
 
-    def _swap_buffer(self, peer: int, nbytes: int) -> tuple[torch.Tensor, int, int] | None:
-        """Where this rank writes the next swap's payload for local ``peer``: a
-        half of its segment for that peer (halves alternate, so that the peer
-        may still read the last swap's while this one is written), its offset
-        and the segment's version; None when /dev/shm has no room."""
-        found = self._swap_segments.get(peer)
-        count = self._swaps.get(peer, 0)
-        if found is None or found[1].half < nbytes:
-            version = found[0] + 1 if found is not None else 0
-            half = max(nbytes, 2 * found[1].half if found is not None else 1 << 20)
-            path = f"{self._prefix}-{self.rank}-swap{peer}-{version}"
-            try:
-                segment = Segment(path, 2 * half, create=True)
-            except OSError as exc:
-                try:
-                    segment = Segment(path, 2 * nbytes, create=True)
-                except OSError:
-                    self._swap_shm_refused = nbytes
-                    log.warning("rank %d: no room in %s for a %d byte swap (%s); such swaps "
-                                "go over the mesh's sockets instead", self.rank,
-                                os.path.dirname(self._shm_prefix), nbytes, exc)
-                    return None
-            if found is not None:
-                found[1].close()  # the peer keeps its own mapping of it
-            found = self._swap_segments[peer] = (version, segment)
-            self._swap_unlink.setdefault(peer, []).append((count, path))
-        version, segment = found
-        offset = (count % 2) * segment.half
-        return segment.region(offset, nbytes), offset, version
-
-    def _peer_swap_payload(self, peer: int, version: int, offset: int, nbytes: int
-                           ) -> torch.Tensor:
-        path = f"{self._peer_prefix[peer]}-{peer}-swap{self.rank}-{version}"
-        return peer_view(self._peer_swap_segments, self.rank, peer, version, path,
-                         "swap segment", offset, nbytes)
+    @property
+    def shared_swaps(self) -> int:
+        """Swaps whose payload went through shared memory (for tests and benchmarks)."""
+        return self._swap_segments.shared
 
     def _transfer(self, sending: dict[int, _Outgoing], receiving: dict[int, _Incoming],
                   spin: bool = False) -> dict[int, tuple[list[int], torch.Tensor | None]]:
@@ -470,20 +474,14 @@ class MeshTransport:
         for _exchange, path in self._unlink_after:
             unlink(path)
         self._unlink_after.clear()
-        for pending in self._swap_unlink.values():
-            for _swap, path in pending:
-                unlink(path)
-        self._swap_unlink.clear()
-        for _version, segment in [*self._swap_segments.values(),
-                                  *self._peer_swap_segments.values()]:
-            segment.close()
-        self._swap_segments.clear()
-        self._peer_swap_segments.clear()
+        self._swap_segments.close()
         if self._segment is not None:
             self._segment.close()
             self._segment = None
         for _version, segment in self._peer_segments.values():
             segment.close()
         self._peer_segments.clear()
+        if self._resident is not None:
+            self._resident.close()
         self._wake_r.close()
         self._wake_w.close()

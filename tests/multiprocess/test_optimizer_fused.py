@@ -27,20 +27,30 @@ PATHS = {"socket_payload": {"HORA_SHM_ALLREDUCE_BYTES": "0"},
 
 
 @pytest.mark.parametrize("variant", ["plain", "fp16", "accumulate", "unused_on_one_rank",
-                                     "process_set", "float64", "one_group", *PATHS])
+                                     "process_set", "float64", "one_group", "wide",
+                                     "wide_three", *PATHS])
 def test_fused_steps_equal_one_by_one(shared_coordinator, variant):
-    size = 3 if variant == "process_set" else 2  # the set of ranks 0 and 2
+    # process_set: the set of ranks 0 and 2.
+    size = 3 if variant in ("process_set", "wide_three") else 2
     results = [r.value for r in run_workers(shared_coordinator, size, SCENARIOS, "fused_steps",
                                             (variant,), env=PATHS.get(variant))
                if r.value is not None]
-    assert len(results) == 2
+    assert len(results) == (3 if variant == "wide_three" else 2)
     for value in results:
-        assert value["equal"] == [True] * 5, value["equal"]
+        # At 3 ranks the first occurrence of a name (the first step's gradients,
+        # the second step's fused buffer) runs as the coordinator answered, on a
+        # Gloo ring, whose order of addition is not the reference's rank order.
+        exact = value["equal"][2:] if variant == "wide_three" else value["equal"]
+        assert exact == [True] * len(exact), value["equal"]
         assert value["fused"]
         # Views of the buffer, zeroed in place, unless they are off or cast (fp16).
         assert value["none_after_zero_grad"] == (variant in ("fp16", "no_views")), value
+        # Gradients past 64 KiB on one machine: the buffer moves into /dev/shm
+        # after the world's first step, and the peers read it there
+        # (hora_native/mesh_resident.py).
+        assert (value["resident"] > 0) == variant.startswith("wide"), value["resident"]
     for key, tensor in results[0]["params"].items():
-        assert torch.equal(tensor, results[1]["params"][key]), key
+        assert all(torch.equal(tensor, other["params"][key]) for other in results[1:]), key
 
 
 def test_the_timeline_shows_the_first_step_one_by_one_then_fused(shared_coordinator, tmp_path):
@@ -65,7 +75,7 @@ def test_a_parameter_that_changes_on_one_rank_fails_every_rank_then_steps_go_on(
         assert errors[4:] == [None, None], errors
         assert out["after"] == [2.0, 2.0]
     for key, tensor in results[0]["params"].items():
-        assert torch.equal(tensor, results[1]["params"][key]), key
+        assert all(torch.equal(tensor, other["params"][key]) for other in results[1:]), key
 
 
 def test_a_join_sends_every_rank_back_to_checking_one_by_one(shared_coordinator):
@@ -96,7 +106,7 @@ def test_gradients_handled_as_torch_lets_a_script_keep_the_bits_and_the_errors(
         assert "was computed again before step()" in out["twice"], out
         assert "zero_grad() was called after loss.backward()" in out["zero_before_step"], out
     for key, tensor in results[0]["params"].items():
-        assert torch.equal(tensor, results[1]["params"][key]), key
+        assert all(torch.equal(tensor, other["params"][key]) for other in results[1:]), key
 
 
 def test_a_parameter_the_buffer_does_not_hold_is_still_zeroed(shared_coordinator):

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from hora_proto.v1 import rendezvous_pb2
@@ -159,6 +160,20 @@ class Engine:
         (2 or 4 ranks on several machines)."""
         pairwise = self._mesh.pairwise if self._mesh is not None else None
         return pairwise.allreduces if pairwise is not None else 0
+
+    @property
+    def resident_payloads(self) -> int:
+        """Rounds whose payload this rank sent from a :meth:`shared_zeros` tensor."""
+        return self._mesh.transport.resident_sends if self._mesh is not None else 0
+
+    def shared_zeros(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """A zeroed CPU tensor that the other ranks read in place when it is the
+        whole of an allreduce (hora_native.mesh_resident): no copy into the
+        round's payload. None unless every rank of the world shares this
+        machine's /dev/shm (or it has no room)."""
+        if self._mesh is None:
+            return None
+        return self._mesh.transport.resident_zeros(numel, dtype)
 
     def enqueue(self, entry: Entry) -> Handle:
         """Submits ``entry`` for negotiation and returns its handle.

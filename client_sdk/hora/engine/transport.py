@@ -103,7 +103,14 @@ class MeshControl:
                 found = by_ready[key] = self._layout(list(key), budget)
             layouts.append(found.offsets if sent is not None and sent.numel() == found.total
                            else {})
-        return agreed, mesh.round(messages, layouts)
+
+        def factor(slot: int) -> float:
+            """The prescale a payload sent from a resident buffer left to the
+            reduction (asked of a carried slot: one this rank has ready)."""
+            return next(pre_factor(entry, size) for ready_slot, entry in ready
+                        if ready_slot == slot)
+
+        return agreed, mesh.round(messages, layouts, factor, spin=spin)
 
 
 class GlooControl:

@@ -67,6 +67,10 @@ from .compression import Compression
 
 __all__ = ["_FusedGradients", "_gradient_views"]
 
+# The smallest buffer worth moving into /dev/shm (``_share``): below it, copying
+# it into the round's payload costs less than the barrier after a reduction in place.
+SHARED_MIN_BYTES = 64 << 10
+
 _GRAD = operator.attrgetter("grad")
 _SHAPE = operator.attrgetter("shape")
 _DATA_PTR = torch.Tensor.data_ptr
@@ -90,7 +94,8 @@ class _FusedGradients:
 
     __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_shapes",
                  "_dtype", "_names", "_limit", "_compression", "_as_grads",
-                 "_data", "_views_wanted", "_view_data", "_loose", "_resparse", "_flags")
+                 "_data", "_views_wanted", "_view_data", "_loose", "_resparse", "_flags",
+                 "_shared_in")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
                  compression: Any, views: bool) -> None:
@@ -142,6 +147,7 @@ class _FusedGradients:
         wire = _wire_dtype(self._compression, first.dtype)
         self.flat, self._views, self._shapes = None, [], []
         self._view_data: list[int] = []  # where each view's data was made
+        self._shared_in: Any = None  # the world whose ranks read ``flat`` in place
         # The views are contiguous: a parameter that is not (a channels_last
         # weight) wants a gradient with its own strides (torch's layout contract).
         self._as_grads = (self._views_wanted and wire == first.dtype
@@ -196,6 +202,34 @@ class _FusedGradients:
                               for p, shape in zip(self.params, self._shapes, strict=True)):
             self._fit()
         self.validated = _world(runtime) if self.flat is not None else None
+        if self.validated is not None and self._shared_in is not runtime:
+            self._share(runtime)
+
+    def _share(self, runtime: Any) -> None:
+        """Moves the buffer, once per world, into memory that the world's other
+        ranks read in place (when every rank shares this machine's /dev/shm):
+        its allreduce then copies nothing into the round's payload, and each
+        rank reduces a share of the elements straight into every rank's buffer
+        (hora_native/mesh_resident.py; bench/README.md, section 2c). The
+        gradients that were views of the old buffer become views of the new
+        one, with the same values."""
+        self._shared_in = runtime
+        flat = self.flat
+        assert flat is not None
+        if flat.device.type != "cpu" or flat.nbytes < SHARED_MIN_BYTES:
+            return
+        shared = runtime.engine.shared_zeros(flat.numel(), flat.dtype)
+        if shared is None:
+            return
+        shared.copy_(flat)
+        old = self._views
+        self.flat = shared
+        self._flags = shared[flat.numel() - len(self.params):]
+        self._renew_views()
+        if self._as_grads:
+            for p, was, view in zip(self.params, old, self._views, strict=True):
+                if p.grad is was:
+                    p.grad = view
 
     def gradients(self, dense: Callable[[torch.Tensor], torch.Tensor]
                   ) -> tuple[list[torch.Tensor], str | None]:
