@@ -118,11 +118,15 @@ class ResidentBuffers:
 
     def close(self) -> None:
         """Unlinks the files no message named (the others went already) and
-        drops the mappings (each stays while a tensor still views it)."""
-        for ident, (segment, _base, _nbytes) in self._own.items():
+        drops this rank's buffers without closing them: a script's tensors
+        (a ``DistributedOptimizer``'s gradients) still view them, and
+        ``torch.frombuffer`` holds no export of an ``mmap``, so closing one
+        under them would unmap their memory (eleventh pass, bench/README.md).
+        Each mapping goes with the last tensor that views it. The peers'
+        mappings, which only the mesh viewed, are closed."""
+        for ident in self._own:
             if ident not in self._named:
                 unlink(self._path(self._rank, ident))
-            segment.close()
         for segment in self._peers.values():
             segment.close()
         self._own.clear()

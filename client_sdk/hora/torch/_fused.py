@@ -30,7 +30,10 @@ synchronize() hands every parameter a gradient anyway, zeros for one that
 had none). Where the reduction adds each element in rank order (the mesh
 on one machine, any 2 ranks) the bits are those of one allreduce per
 gradient; a Gloo ring's order depends on an element's place in the
-buffer, as it did when the engine fused the gradients itself.
+buffer, as it did when the engine fused the gradients itself. (On one
+machine a buffer of 64 KiB or more moves into /dev/shm after the world's
+first step, and its average is divided after the sum rather than as each
+rank packs it: the same bits but below the smallest normal float.)
 
 The first step of each world goes gradient by gradient, so that the
 coordinator checks every gradient's name, dtype and shape across ranks and
