@@ -39,15 +39,15 @@ from .base import PlacedViews, Placement, ReduceKind, RegionViews, scale_
 from .mesh_pairwise import COMBINE as _COMBINE
 from .mesh_pairwise import MESH_DTYPES, PAIR_CHUNK_BYTES, PairwiseAllreduce
 from .mesh_pairwise import REDUCE_INTO as _REDUCE_INTO
-from .mesh_resident import reduce_in_place
+from .mesh_resident import RESIDENT_MIN_BYTES, reduce_in_place
 from .mesh_transport import MAX_MESH_SIZE, MeshTransport
 
-__all__ = ["KEPT_LAYOUTS", "MAX_MESH_SIZE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "Layout",
-           "MeshBackend", "MeshRound", "PairwiseAllreduce", "TensorSpec"]
+__all__ = ["KEPT_LAYOUTS", "MAX_MESH_SIZE", "MESH_DTYPES", "PAIR_CHUNK_BYTES",
+           "RESIDENT_MIN_BYTES", "Layout", "MeshBackend", "MeshRound", "PairwiseAllreduce",
+           "TensorSpec"]
 
-# The smallest payload worth sending from a resident buffer (:mod:`.mesh_resident`):
-# below it the copy costs less than the check and the barrier after the reduction.
-RESIDENT_MIN_BYTES = 64 << 10
+# The dtypes whose prescale a resident payload leaves to the reduction (``_resident_payload``).
+_DEFERRED_SCALE = (torch.float32, torch.float64)
 
 # The most layouts a mesh keeps (each of a set of ready slots).
 KEPT_LAYOUTS = 16
@@ -229,14 +229,17 @@ class MeshBackend:
                           layout: Layout) -> torch.Tensor | None:
         """The one tensor ``layout`` places, as bytes, when it lies in a resident
         buffer of this rank (:mod:`.mesh_resident`) and its prescale may wait
-        until the reduction (1, or a power of two for floats): peers read it
+        until the reduction (1, or a power of two for float32 and float64): peers read it
         where it is, and nothing is copied. None otherwise."""
         (slot,) = layout.offsets
         found = next((item for item in tensors if item[0] == slot), None)
         if found is None:
             return None
         _slot, tensor, prescale = found
-        if prescale != 1.0 and not (tensor.is_floating_point() and prescale > 0
+        # Scaling the reduced share by a power of two is scaling each term, but
+        # below the smallest normal number or where the sum overflows (as in
+        # ``divides_early``; not for half precision, which overflows at 65504).
+        if prescale != 1.0 and not (tensor.dtype in _DEFERRED_SCALE and prescale > 0
                                     and math.frexp(prescale)[0] == 0.5):
             return None
         if not tensor.is_contiguous() or tensor.nbytes != layout.total:

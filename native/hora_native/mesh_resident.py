@@ -26,10 +26,14 @@ import torch
 from .base import BackendError, scale_
 from .mesh_segments import Segment, unlink
 
-__all__ = ["FIRST_RESIDENT", "ResidentBuffers", "reduce_in_place"]
+__all__ = ["FIRST_RESIDENT", "RESIDENT_MIN_BYTES", "ResidentBuffers", "reduce_in_place"]
 
 #: The segment version of resident buffer 0 in a message; buffer ``i`` is ``-2 - i``.
 FIRST_RESIDENT = -2
+
+#: The smallest resident buffer: below it, copying a payload costs less than
+#: the check and the barrier after a reduction in place.
+RESIDENT_MIN_BYTES = 64 << 10
 
 
 class ResidentBuffers:

@@ -1,4 +1,6 @@
-"""The shared-memory segments of a mesh's swaps with local peers (:meth:`.mesh_transport.MeshTransport.swap`).
+"""The shared-memory segments of a mesh's swaps with local peers.
+
+:meth:`.mesh_transport.MeshTransport.swap` uses them.
 
 For each peer on this machine a rank keeps a segment of its own, apart
 from the one its exchanges use: double-buffered (swaps alternate between

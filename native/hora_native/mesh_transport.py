@@ -57,7 +57,7 @@ from .mesh_handshake import HANDSHAKE_TIMEOUT, accept_peers, connect_peer
 from .mesh_local import connect_locally, probe_shared_memory
 from .mesh_messages import _INLINE, _MESSAGE, _Incoming, _Outgoing
 from .mesh_poll import SPIN_S, cores_for, ready_sockets
-from .mesh_resident import FIRST_RESIDENT, ResidentBuffers
+from .mesh_resident import FIRST_RESIDENT, RESIDENT_MIN_BYTES, ResidentBuffers
 from .mesh_segments import Segment, at_least, peer_view, unlink
 from .mesh_swaps import SwapSegments
 
@@ -250,8 +250,9 @@ class MeshTransport:
     def resident_zeros(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
         """A zeroed buffer that peers read in place when it is a payload
         (:mod:`.mesh_resident`); None unless every rank shares this machine's
-        /dev/shm, or when it has no room."""
-        if self._resident is None:
+        /dev/shm, when it has no room, or below ``RESIDENT_MIN_BYTES``."""
+        if self._resident is None or \
+                numel * torch.empty(0, dtype=dtype).element_size() < RESIDENT_MIN_BYTES:
             return None
         try:
             return self._resident.zeros(numel, dtype)

@@ -2,7 +2,7 @@
 
     elastic_optimizer_worker.py OUT_DIR --kill-at {in_forward,in_backward,after_step,in_commit}
                                 --kill-step K
-                                [--steps N] [--commit-every C]
+                                [--steps N] [--commit-every C] [--hidden H]
 
 A small MLP trained with ``DistributedOptimizer`` and ``TorchState`` in the
 Horovod loop ``zero_grad(); backward(); step()``, committing every C steps.
@@ -42,6 +42,7 @@ import time
 import torch
 
 import hora.torch as hvd
+from hora import _runtime
 
 GLOBAL_BATCH = 12  # divisible by 3 and by 2: equal shards in either world
 VICTIM_RANK = 2
@@ -68,19 +69,21 @@ class _KillSwitch(torch.autograd.Function):
 
 
 class Net(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = 8) -> None:
         super().__init__()
-        self.first = torch.nn.Linear(4, 8)
-        self.last = torch.nn.Linear(8, 1)
+        self.first = torch.nn.Linear(4, hidden)
+        self.last = torch.nn.Linear(hidden, 1)
 
     def forward(self, x):
         return self.last(torch.tanh(_KillSwitch.apply(self.first(x))))
 
 
-def make_model() -> tuple[Net, torch.optim.Optimizer]:
+def make_model(hidden: int = 8) -> tuple[Net, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = Net()
-    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model = Net(hidden)
+    # A wide hidden layer diverges at the narrow one's step size.
+    lr = 0.05 if hidden <= 8 else 0.002
+    return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,9 +96,9 @@ def loss_of(model: Net, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def replay(steps: list[int]) -> torch.Tensor:
+def replay(steps: list[int], hidden: int = 8) -> torch.Tensor:
     """The flat final parameters of one process applying ``steps`` on full batches."""
-    model, opt = make_model()
+    model, opt = make_model(hidden)
     for step in steps:
         opt.zero_grad()
         loss_of(model, *batch(step)).backward()
@@ -123,6 +126,9 @@ def main() -> None:
     parser.add_argument("--kill-step", type=int, required=True)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--commit-every", type=int, default=4)
+    # 4096: gradients of 98 KB, which the optimizer keeps in /dev/shm for its
+    # peers to read in place (hora_native/mesh_resident.py).
+    parser.add_argument("--hidden", type=int, default=8)
     args = parser.parse_args()
     out = args.out_dir
     start_pid = os.getpid()
@@ -131,7 +137,7 @@ def main() -> None:
     _KillSwitch.log_path = os.path.join(out, "kill.json")
 
     hvd.init()
-    model, opt = make_model()
+    model, opt = make_model(args.hidden)
     optimizer = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     worlds: list[dict] = []
     failures: list[dict] = []
@@ -164,7 +170,9 @@ def main() -> None:
                 if state.step % args.commit_every == 0:
                     phase[0] = "commit"
                     state.commit()
+            worlds[-1]["resident"] = _runtime._runtime.engine.resident_payloads
         except BaseException as exc:
+            worlds[-1]["resident"] = _runtime._runtime.engine.resident_payloads
             failures.append({"phase": phase[0], "error": type(exc).__name__,
                              "step": state.step, "size": hvd.size()})
             raise

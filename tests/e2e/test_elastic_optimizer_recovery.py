@@ -44,7 +44,7 @@ def _load_worker():
     return module
 
 
-def _run_job(tmp_path: Path, kill_at: str, kill_step: int
+def _run_job(tmp_path: Path, kill_at: str, kill_step: int, hidden: int = 8
              ) -> tuple[subprocess.CompletedProcess, Path]:
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("127.0.0.2:1\n127.0.0.3:1\n127.0.0.4:1\n")
@@ -57,7 +57,7 @@ def _run_job(tmp_path: Path, kill_at: str, kill_step: int
            "--max-np", "3", "--host-discovery-script", str(script),
            sys.executable, str(WORKER), str(out), "--kill-at", kill_at,
            "--kill-step", str(kill_step), "--steps", str(STEPS),
-           "--commit-every", str(COMMIT_EVERY)]
+           "--commit-every", str(COMMIT_EVERY), "--hidden", str(hidden)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HORA_START_TIMEOUT": "60",
            "OMP_NUM_THREADS": "1"}
     try:
@@ -69,11 +69,19 @@ def _run_job(tmp_path: Path, kill_at: str, kill_step: int
     return proc, out
 
 
+# Hidden width 4096: gradients of 98 KB, which the optimizer moves into
+# /dev/shm after each world's first step; its peers read them there and each
+# rank reduces a share into every rank's buffer (hora_native/mesh_resident.py).
+WIDE = 4096
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("kill_at", list(CASES))
-def test_survivors_recover_in_process_when_a_peer_dies_mid_step(tmp_path, kill_at):
+@pytest.mark.parametrize("kill_at,hidden", [*((k, 8) for k in CASES),
+                                            ("in_backward", WIDE), ("after_step", WIDE)],
+                         ids=[*CASES, "in_backward-resident", "after_step-resident"])
+def test_survivors_recover_in_process_when_a_peer_dies_mid_step(tmp_path, kill_at, hidden):
     kill_step, resume, phases = CASES[kill_at]
-    proc, out = _run_job(tmp_path, kill_at, kill_step)
+    proc, out = _run_job(tmp_path, kill_at, kill_step, hidden)
     logs = f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, logs
     kill = json.loads((out / "kill.json").read_text())
@@ -101,6 +109,9 @@ def test_survivors_recover_in_process_when_a_peer_dies_mid_step(tmp_path, kill_a
         assert [s for s, _ in report["applied"]] == list(range(STEPS)), report["applied"]
         sizes = [n for _, n in report["applied"]]
         assert sizes[:resume] == [3] * resume and set(sizes[resume:]) == {2}
+        # Wide gradients went from /dev/shm, read in place, in both worlds.
+        assert all((w["resident"] > 0) == (hidden == WIDE) for w in report["worlds"]), \
+            report["worlds"]
 
     first, second = reports
     assert first["params_hex"] == second["params_hex"], "the survivors' parameters differ"
@@ -109,9 +120,9 @@ def test_survivors_recover_in_process_when_a_peer_dies_mid_step(tmp_path, kill_a
     # twice or skipped would not.
     worker = _load_worker()
     final = torch.tensor(first["params"])
-    expected = worker.replay(list(range(STEPS)))
+    expected = worker.replay(list(range(STEPS)), hidden)
     torch.testing.assert_close(final, expected, rtol=1e-4, atol=1e-5)
-    doubled = worker.replay(list(range(kill_step)) + list(range(kill_step - 2, STEPS)))
-    skipped = worker.replay(list(range(kill_step - 1)) + list(range(kill_step, STEPS)))
+    doubled = worker.replay(list(range(kill_step)) + list(range(kill_step - 2, STEPS)), hidden)
+    skipped = worker.replay(list(range(kill_step - 1)) + list(range(kill_step, STEPS)), hidden)
     for wrong in (doubled, skipped):
         assert (wrong - final).abs().max() > 1e-3

@@ -108,7 +108,8 @@ def test_resident_payloads_reduce_in_rank_order_on_every_rank(size, op, dtype, p
     try:
         buffers = [mesh.transport.resident_zeros(NUMEL, dtype) for mesh in meshes]
         # A prescale the reduction may apply (1, or a power of two for floats).
-        deferred = prescale == 1.0 or (dtype.is_floating_point and prescale in (0.5, 0.25))
+        deferred = prescale == 1.0 or (dtype in (torch.float32, torch.float64)
+                                       and prescale in (0.5, 0.25))
         for round_ in range(4):
             values = [_values(r, round_, dtype) for r in range(size)]
             for buffer, value in zip(buffers, values, strict=True):

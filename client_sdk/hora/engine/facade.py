@@ -170,10 +170,12 @@ class Engine:
         """A zeroed CPU tensor that the other ranks read in place when it is the
         whole of an allreduce (hora_native.mesh_resident): no copy into the
         round's payload. None unless every rank of the world shares this
-        machine's /dev/shm (or it has no room)."""
-        if self._mesh is None:
+        machine's /dev/shm, it has no room, or the tensor is smaller than
+        copying it costs (64 KiB) or larger than a round's payload may be."""
+        mesh = self._mesh
+        if mesh is None or numel * torch.empty(0, dtype=dtype).element_size() > mesh.budget:
             return None
-        return self._mesh.transport.resident_zeros(numel, dtype)
+        return mesh.transport.resident_zeros(numel, dtype)
 
     def enqueue(self, entry: Entry) -> Handle:
         """Submits ``entry`` for negotiation and returns its handle.

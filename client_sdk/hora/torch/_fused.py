@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,10 +70,6 @@ from ._validation import _reduction_problem
 from .compression import Compression
 
 __all__ = ["_FusedGradients", "_gradient_views"]
-
-# The smallest buffer worth moving into /dev/shm (``_share``): below it, copying
-# it into the round's payload costs less than the barrier after a reduction in place.
-SHARED_MIN_BYTES = 64 << 10
 
 _GRAD = operator.attrgetter("grad")
 _SHAPE = operator.attrgetter("shape")
@@ -150,7 +147,8 @@ class _FusedGradients:
         wire = _wire_dtype(self._compression, first.dtype)
         self.flat, self._views, self._shapes = None, [], []
         self._view_data: list[int] = []  # where each view's data was made
-        self._shared_in: Any = None  # the world whose ranks read ``flat`` in place
+        # The world whose ranks read ``flat`` in place (a weak reference).
+        self._shared_in: weakref.ref[Any] | None = None
         # The views are contiguous: a parameter that is not (a channels_last
         # weight) wants a gradient with its own strides (torch's layout contract).
         self._as_grads = (self._views_wanted and wire == first.dtype
@@ -205,7 +203,8 @@ class _FusedGradients:
                               for p, shape in zip(self.params, self._shapes, strict=True)):
             self._fit()
         self.validated = _world(runtime) if self.flat is not None else None
-        if self.validated is not None and self._shared_in is not runtime:
+        if self.validated is not None and (self._shared_in is None
+                                           or self._shared_in() is not runtime):
             self._share(runtime)
 
     def _share(self, runtime: Any) -> None:
@@ -216,10 +215,10 @@ class _FusedGradients:
         (hora_native/mesh_resident.py; bench/README.md, section 2c). The
         gradients that were views of the old buffer become views of the new
         one, with the same values."""
-        self._shared_in = runtime
+        self._shared_in = weakref.ref(runtime)
         flat = self.flat
         assert flat is not None
-        if flat.device.type != "cpu" or flat.nbytes < SHARED_MIN_BYTES:
+        if flat.device.type != "cpu":
             return
         shared = runtime.engine.shared_zeros(flat.numel(), flat.dtype)
         if shared is None:
