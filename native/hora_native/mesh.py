@@ -36,9 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .base import PlacedViews, Placement, ReduceKind, RegionViews, scale_
-from .mesh_pairwise import COMBINE as _COMBINE
-from .mesh_pairwise import MESH_DTYPES, PAIR_CHUNK_BYTES, PairwiseAllreduce
-from .mesh_pairwise import REDUCE_INTO as _REDUCE_INTO
+from .mesh_pairwise import MESH_DTYPES, PAIR_CHUNK_BYTES, PairwiseAllreduce, reduce_terms
 from .mesh_resident import RESIDENT_MIN_BYTES, reduce_in_place
 from .mesh_transport import MAX_MESH_SIZE, MeshTransport
 
@@ -225,6 +223,14 @@ class MeshBackend:
             scale_(view, prescale)
         return send
 
+    def resident_zeros(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """A zeroed tensor whose payload peers read in place (:mod:`.mesh_resident`),
+        when it fits this rank's payload budget (see
+        :meth:`MeshTransport.resident_zeros` for the other conditions); else None."""
+        if numel * dtype.itemsize > self.budget:
+            return None
+        return self.transport.resident_zeros(numel, dtype)
+
     def _resident_payload(self, tensors: Sequence[tuple[int, torch.Tensor, float]],
                           layout: Layout) -> torch.Tensor | None:
         """The one tensor ``layout`` places, as bytes, when it lies in a resident
@@ -275,9 +281,10 @@ class MeshBackend:
         follows the reduction of such payloads."""
         self._drop_stale_views()  # a peer may have grown its segment
         transport = self.transport
-        return MeshRound(messages, layouts, self._regions, _Resident(
-            self.rank, transport.resident_ranks, factor,
-            lambda: transport.exchange((), None, spin=spin)))
+        ranks = transport.resident_ranks
+        resident = _Resident(self.rank, ranks, factor,
+                             lambda: transport.exchange((), None, spin=spin)) if ranks else None
+        return MeshRound(messages, layouts, self._regions, resident)
 
     def _drop_stale_views(self) -> None:
         """Drops the kept views once the transport has replaced a payload buffer:
@@ -333,7 +340,7 @@ class MeshRound:
         self._payloads = [payload for _values, payload in messages]
         self._layouts = layouts
         self._regions = regions
-        self._resident = resident if resident is not None and resident.ranks else None
+        self._resident = resident
         # In training every rank sent one layout (the same object): its slots.
         first = layouts[0]
         self._carried = first.keys() if all(layout is first for layout in layouts) else \
@@ -373,19 +380,9 @@ class CarriedBatch:
         if self._resident is not None:
             self._allreduce_resident(flat, op, self._resident)
             return
-        reduce = _REDUCE_INTO[op]
-        first: torch.Tensor | None = None
-        for rank in range(len(self._payloads)):
-            theirs = self._contribution(rank, flat)
-            if rank == 0:
-                first = theirs
-            elif rank == 1:
-                # Rank 0's and rank 1's contributions combined in one pass (a
-                # mesh has 2 ranks or more).
-                assert first is not None
-                _COMBINE[op](first, theirs, out=flat)
-            else:
-                reduce(flat, theirs)
+        # (A mesh has 2 ranks or more.)
+        reduce_terms([self._contribution(rank, flat) for rank in range(len(self._payloads))],
+                     flat, op)
 
     def _contribution(self, rank: int, flat: torch.Tensor) -> torch.Tensor:
         """Rank ``rank``'s contribution to the batch, as ``flat``'s dtype."""
@@ -412,8 +409,8 @@ class CarriedBatch:
                 and (factor == 1.0 or op is not ReduceKind.PRODUCT)):
             # Every rank's buffer holds the batch alone: each reduces its share.
             terms = [self._contribution(rank, flat) for rank in range(len(self._payloads))]
-            reduce_in_place(terms, resident.rank, factor, _COMBINE[op], _REDUCE_INTO[op],
-                            resident.barrier)
+            reduce_in_place(terms, resident.rank, factor,
+                            lambda shares, out: reduce_terms(shares, out, op), resident.barrier)
             if terms[resident.rank].data_ptr() != flat.data_ptr():
                 flat.copy_(terms[resident.rank])
             return
@@ -428,8 +425,6 @@ class CarriedBatch:
                 scale_(theirs, factor)
             terms.append(theirs)
         out = torch.empty_like(flat)
-        _COMBINE[op](terms[0], terms[1], out=out)
-        for theirs in terms[2:]:
-            _REDUCE_INTO[op](out, theirs)
+        reduce_terms(terms, out, op)
         resident.barrier()
         flat.copy_(out)

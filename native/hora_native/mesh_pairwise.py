@@ -3,7 +3,7 @@ reductions the mesh performs itself (:mod:`.mesh` reduces the rounds' payloads w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -11,7 +11,8 @@ import torch
 from .base import BackendError, ReduceKind
 from .mesh_transport import MeshTransport
 
-__all__ = ["COMBINE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "REDUCE_INTO", "PairwiseAllreduce"]
+__all__ = ["COMBINE", "MESH_DTYPES", "PAIR_CHUNK_BYTES", "REDUCE_INTO", "PairwiseAllreduce",
+           "reduce_terms"]
 
 # Element types the mesh reduces itself, by wire name.
 MESH_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "uint8", "int8",
@@ -31,6 +32,16 @@ COMBINE: dict[ReduceKind, Callable[..., Any]] = {
     ReduceKind.MAX: torch.maximum,
     ReduceKind.PRODUCT: torch.mul,
 }
+
+def reduce_terms(terms: Sequence[torch.Tensor], out: torch.Tensor, op: ReduceKind) -> None:
+    """Reduces ``terms`` (two or more, by rank) into ``out`` in rank order: rank
+    0's and rank 1's in one pass, then each next one. ``out`` may be one of
+    the first two terms (an elementwise op's input may be its output)."""
+    COMBINE[op](terms[0], terms[1], out=out)
+    reduce = REDUCE_INTO[op]
+    for term in terms[2:]:
+        reduce(out, term)
+
 
 # The most bytes of a tensor one pass of PairwiseAllreduce handles: a larger
 # tensor goes in chunks, so the receive buffers the transport keeps stay small.

@@ -19,7 +19,6 @@ and the peers' views of it are gone.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
@@ -62,7 +61,7 @@ class ResidentBuffers:
         Raises:
             OSError: /dev/shm has no room for it.
         """
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         ident = self._next
         self._next += 1
         segment = Segment(self._path(self._rank, ident), max(nbytes, 1), create=True)
@@ -84,6 +83,8 @@ class ResidentBuffers:
         """Where ``payload`` (uint8) lies when it is in one of this rank's
         resident buffers: (version for the message, offset, the file to unlink
         once every peer opened it, the first time a message names it)."""
+        if not self._by_base:
+            return None
         ident = self._by_base.get(payload.untyped_storage().data_ptr())
         if ident is None:
             return None
@@ -139,13 +140,12 @@ class ResidentBuffers:
 
 
 def reduce_in_place(contributions: Sequence[torch.Tensor], rank: int, factor: float,
-                    combine: Callable[..., Any], reduce: Callable[[torch.Tensor, torch.Tensor],
-                                                                  Any],
+                    reduce: Callable[[Sequence[torch.Tensor], torch.Tensor], object],
                     barrier: Callable[[], object]) -> None:
     """Allreduces one batch whose every contribution is a rank's resident
     buffer (``contributions``, typed, by rank, each of the same length): each
-    rank reduces its share of the elements in rank order (``combine`` of rank
-    0's and rank 1's, then ``reduce`` with each next one), multiplies it by
+    rank reduces its share of the elements in rank order (``reduce`` of the
+    terms into a tensor), multiplies it by
     ``factor`` (the prescale that the payloads, not copied, did not apply: 1 or
     a power of two, so that scaling the reduced share is scaling each term,
     but below the smallest normal number), and writes it into every rank's
@@ -161,9 +161,7 @@ def reduce_in_place(contributions: Sequence[torch.Tensor], rank: int, factor: fl
     # Into this rank's own share when it is one of the first two terms (an input of
     # an elementwise op may be its output); into a scratch tensor otherwise.
     acc = shares[rank] if rank < 2 else torch.empty_like(shares[rank])
-    combine(shares[0], shares[1], out=acc)
-    for share in shares[2:]:
-        reduce(acc, share)
+    reduce(shares, acc)
     scale_(acc, factor)
     for share in shares:
         if share is not acc:

@@ -63,6 +63,8 @@ from .mesh_swaps import SwapSegments
 
 __all__ = ["MAX_MESH_SIZE", "MeshTransport"]
 
+_NONE: frozenset[int] = frozenset()
+
 MAX_MESH_SIZE = 32
 
 log = logging.getLogger("hora")
@@ -121,10 +123,10 @@ class MeshTransport:
         # Buffers peers read in place (shared-memory mode only), and the ranks
         # whose payload in the last exchange lay in one (see ``resident_ranks``).
         self._resident: ResidentBuffers | None = None
-        self._resident_in: set[int] = set()
+        self._resident_in: set[int] = set()  # (emptied by each exchange)
         #: The ranks (this one included) whose payload in the last exchange was
         #: a resident buffer (:mod:`.mesh_resident`): read in place, not copied.
-        self.resident_ranks: frozenset[int] = frozenset()
+        self.resident_ranks = _NONE
         #: Exchanges whose payload was a resident buffer of this rank (for tests).
         self.resident_sends = 0
         #: The peers whose message the exchange in progress still lacks
@@ -251,8 +253,7 @@ class MeshTransport:
         """A zeroed buffer that peers read in place when it is a payload
         (:mod:`.mesh_resident`); None unless every rank shares this machine's
         /dev/shm, when it has no room, or below ``RESIDENT_MIN_BYTES``."""
-        if self._resident is None or \
-                numel * torch.empty(0, dtype=dtype).element_size() < RESIDENT_MIN_BYTES:
+        if self._resident is None or numel * dtype.itemsize < RESIDENT_MIN_BYTES:
             return None
         try:
             return self._resident.zeros(numel, dtype)
@@ -321,8 +322,10 @@ class MeshTransport:
         body: memoryview | None = None
         resident = self._resident.locate(payload) if \
             self._resident is not None and payload is not None and nbytes else None
-        self._resident_in = {self.rank} if resident is not None else set()
+        resident_in = self._resident_in
+        resident_in.clear()
         if resident is not None:
+            resident_in.add(self.rank)
             version, offset, named = resident
             head = _MESSAGE.pack(n, nbytes, offset, version)
             self.resident_sends += 1
@@ -344,7 +347,7 @@ class MeshTransport:
                      for peer in self._peers}
         for peer, message in self._transfer(sending, receiving, spin and self._spin).items():
             result[peer] = message
-        self.resident_ranks = frozenset(self._resident_in)
+        self.resident_ranks = frozenset(resident_in) if resident_in else _NONE
         self._exchanges += 1
         while self._unlink_after and self._exchanges > self._unlink_after[0][0]:
             unlink(self._unlink_after.pop(0)[1])

@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
-from test_control_mesh import TOKEN, run_all
+from test_control_mesh import run_all
+from test_mesh_round import _build, _Spec
 
 from hora_native import ReduceKind
 from hora_native.mesh import RESIDENT_MIN_BYTES, MeshBackend
@@ -30,36 +26,6 @@ from hora_native.mesh import RESIDENT_MIN_BYTES, MeshBackend
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(180)]
 
 NUMEL = RESIDENT_MIN_BYTES // 2 + 13  # past the threshold in every dtype, odd shares
-
-
-class _Spec:
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.dtype = str(tensor.dtype).removeprefix("torch.")
-        self.device = tensor.device.type
-        self.nbytes = tensor.nbytes
-        self.shape = tuple(tensor.shape)
-
-
-@pytest.fixture
-def shm_dir() -> Iterator[str]:
-    folder = tempfile.mkdtemp(prefix="hora-mesh-resident-", dir="/dev/shm")
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def _build(size: int, shm_dir: str) -> list[MeshBackend]:
-    store = dist.HashStore()
-    meshes: list[MeshBackend | None] = [None] * size
-
-    def make(rank: int) -> None:
-        meshes[rank] = MeshBackend(store, rank, size, timedelta(seconds=20), "127.0.0.1",
-                                   shared_memory=True, shm_prefix=os.path.join(shm_dir, "seg"),
-                                   shm_bytes=1 << 22, socket_bytes=1 << 22, token=TOKEN,
-                                   context="job/gen-1/")
-
-    _, errors = run_all([lambda r=r: make(r) for r in range(size)])
-    assert errors == [None] * size, errors
-    return meshes  # type: ignore[return-value]
 
 
 def _values(rank: int, round_: int, dtype: torch.dtype) -> torch.Tensor:
@@ -104,7 +70,7 @@ CASES = [(torch.float32, 1.0), (torch.float32, 0.5), (torch.float64, 0.25),
                                                        for d, p in CASES])
 def test_resident_payloads_reduce_in_rank_order_on_every_rank(size, op, dtype, prescale,
                                                               shm_dir):
-    meshes = _build(size, shm_dir)
+    meshes = _build(size, True, shm_dir)
     try:
         buffers = [mesh.transport.resident_zeros(NUMEL, dtype) for mesh in meshes]
         # A prescale the reduction may apply (1, or a power of two for floats).
@@ -147,7 +113,7 @@ def test_some_ranks_resident_and_others_copying_agree_bit_for_bit(size, op, shm_
     (their payloads are copies, prescaled as they go): every rank computes the
     whole reduction, scaling the resident contribution itself, and rank 0's
     buffer is written only after every rank has read it."""
-    meshes = _build(size, shm_dir)
+    meshes = _build(size, True, shm_dir)
     try:
         tensors = [meshes[0].transport.resident_zeros(NUMEL, torch.float32)] + \
             [torch.zeros(NUMEL) for _ in range(1, size)]
@@ -170,7 +136,7 @@ def test_some_ranks_resident_and_others_copying_agree_bit_for_bit(size, op, shm_
 
 def test_a_tensor_beside_another_in_the_round_is_copied(shm_dir):
     """A resident tensor ready with another one is packed with it, as any tensor."""
-    meshes = _build(2, shm_dir)
+    meshes = _build(2, True, shm_dir)
     try:
         resident = [mesh.transport.resident_zeros(NUMEL, torch.float32) for mesh in meshes]
         small = [torch.full((8,), float(r + 1)) for r in range(2)]

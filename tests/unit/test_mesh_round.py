@@ -11,9 +11,6 @@ of the segment, and the views of both are kept).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -34,14 +31,6 @@ class _Spec:
         self.device = tensor.device.type
         self.nbytes = tensor.nbytes
         self.shape = tuple(tensor.shape)
-
-
-@pytest.fixture
-def shm_dir() -> Iterator[str]:
-    """A folder in /dev/shm for the test's segments, removed after it."""
-    folder = tempfile.mkdtemp(prefix="hora-mesh-round-", dir="/dev/shm")
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _build(size: int, shared: bool, shm_dir: str) -> list[MeshBackend]:

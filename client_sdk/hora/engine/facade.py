@@ -172,10 +172,7 @@ class Engine:
         round's payload. None unless every rank of the world shares this
         machine's /dev/shm, it has no room, or the tensor is smaller than
         copying it costs (64 KiB) or larger than a round's payload may be."""
-        mesh = self._mesh
-        if mesh is None or numel * torch.empty(0, dtype=dtype).element_size() > mesh.budget:
-            return None
-        return mesh.transport.resident_zeros(numel, dtype)
+        return self._mesh.resident_zeros(numel, dtype) if self._mesh is not None else None
 
     def enqueue(self, entry: Entry) -> Handle:
         """Submits ``entry`` for negotiation and returns its handle.

@@ -172,7 +172,6 @@ class _FusedGradients:
         # After the gradients, one element per parameter: 1 where this rank's
         # gradient is sparse, reduced with them (see ``gradients``).
         self.flat = torch.zeros(sum(numels) + len(params), dtype=wire, device=first.device)
-        self._flags = self.flat[sum(numels):]
         self._shapes = [p.shape for p in params]
         self._renew_views()
 
@@ -180,7 +179,7 @@ class _FusedGradients:
         """Views of ``flat`` shaped as the parameters were when it was sized."""
         assert self.flat is not None
         numels = [shape.numel() for shape in self._shapes]
-        grads = self.flat[:sum(numels)]
+        grads, self._flags = self.flat[:sum(numels)], self.flat[sum(numels):]
         self._views = [v.view(shape) for v, shape in
                        zip(grads.split(numels), self._shapes, strict=True)]
         self._view_data = list(map(_DATA_PTR, self._views))
@@ -226,7 +225,6 @@ class _FusedGradients:
         shared.copy_(flat)
         old = self._views
         self.flat = shared
-        self._flags = shared[flat.numel() - len(self.params):]
         self._renew_views()
         if self._as_grads:
             for p, was, view in zip(self.params, old, self._views, strict=True):
