@@ -28,12 +28,19 @@ $(TEST_STAMP): $(STAMP)
 	  "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	touch $@
 
-install: $(STAMP)
+install: $(STAMP) native
 
-demo: $(STAMP)
+# The DistributedOptimizer's C++ gradient hooks, compiled against the installed torch
+# once per machine into ~/.cache/hora/torch_hooks (hora/torch/_native.py); without a
+# C++ compiler the optimizer uses its Python hooks, and this says so.
+.PHONY: native
+native: $(STAMP)
+	@$(PY) -c 'import hora.torch._native as n; n.prebuild()'
+
+demo: $(STAMP) native
 	$(VENV)/bin/horarun -np 2 $(PY) examples/pytorch_digits.py --epochs 8
 
-test: $(TEST_STAMP) chromium
+test: $(TEST_STAMP) chromium native
 	$(PY) -m pytest -q --durations=25 tests
 
 # The dashboard's browser tests (tests/dashboard) drive Debian's chromium through
@@ -72,7 +79,7 @@ clean:
 # Installs hora when the venv lacks it, but never reinstalls just because
 # pyproject.toml changed: a benchmark should not touch the environment it times.
 .PHONY: bench
-bench:
+bench: native
 	@test -f $(STAMP) || $(MAKE) install
 	@$(PY) -c "import lightning, tensorflow, tf_keras" 2>/dev/null \
 	  || $(PIP) install -q -e ".[lightning,tensorflow]" \

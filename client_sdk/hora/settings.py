@@ -131,6 +131,7 @@ class Settings:
     mesh_allreduce_bytes: int = _default("mesh_allreduce_bytes")
     shm_allreduce_bytes: int = _default("shm_allreduce_bytes")
     gradient_views: bool = _default("gradient_views")
+    native_hooks: bool = _default("native_hooks")
     timeline: str = _default("timeline")
     timeline_mark_cycles: bool = _default("timeline_mark_cycles")
     autotune: bool = _default("autotune")

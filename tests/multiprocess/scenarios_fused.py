@@ -126,6 +126,8 @@ def fused_steps(variant: str, steps: int = 5):
     return {"equal": equal, "fused": fused,
             # Rounds whose payload was the optimizer's buffer in /dev/shm, read in place.
             "resident": _runtime._runtime.engine.resident_payloads,
+            # Noted by the C++ hooks (hora/torch/_native.py), or by Python's.
+            "native_notes": type(opt._hooks.noted).__name__ == "NativeNotes",
             "none_after_zero_grad": all(p.grad is None for p in model.parameters()),
             "params": {k: v.clone() for k, v in model.state_dict().items()}}
 

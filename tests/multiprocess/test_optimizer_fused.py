@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from hora.torch._native import hooks_module
 from tests.support.workers import run_workers
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
 SCENARIOS = Path(__file__).with_name("scenarios_fused.py")
+NATIVE = hooks_module()
 
 
 # Where the fused allreduce's bytes go: the round's shared-memory payload (the
@@ -23,7 +25,9 @@ SCENARIOS = Path(__file__).with_name("scenarios_fused.py")
 PATHS = {"socket_payload": {"HORA_SHM_ALLREDUCE_BYTES": "0"},
          "no_payload": {"HORA_SHM_ALLREDUCE_BYTES": "0", "HORA_MESH_ALLREDUCE_BYTES": "0"},
          # Gradients copied in and out each step, and set to None by zero_grad().
-         "no_views": {"HORA_GRADIENT_VIEWS": "0"}}
+         "no_views": {"HORA_GRADIENT_VIEWS": "0"},
+         # The noting hooks and the buffer's checks in Python, not C++ (hora/torch/_native.py).
+         "python_hooks": {"HORA_NATIVE_HOOKS": "0"}}
 
 
 @pytest.mark.parametrize("variant", ["plain", "fp16", "accumulate", "unused_on_one_rank",
@@ -49,6 +53,11 @@ def test_fused_steps_equal_one_by_one(shared_coordinator, variant):
         # after the world's first step, and the peers read it there
         # (hora_native/mesh_resident.py).
         assert (value["resident"] > 0) == variant.startswith("wide"), value["resident"]
+        # Noting hooks (one gradient per parameter per step, one group each): in C++
+        # where it is built (make install builds it), unless turned off.
+        noting = variant not in ("accumulate", "one_group")
+        assert value["native_notes"] == (noting and variant != "python_hooks"
+                                         and NATIVE is not None), value
     for key, tensor in results[0]["params"].items():
         assert all(torch.equal(tensor, other["params"][key]) for other in results[1:]), key
 

@@ -65,6 +65,7 @@ from ..engine import Handle
 from ..settings import Settings
 from ..world import ProcessSet, check_process_set
 from ._collectives import _allreduce_entry
+from ._native import hooks_module
 from ._submission import _enqueue
 from ._validation import _reduction_problem
 from .compression import Compression
@@ -72,6 +73,7 @@ from .compression import Compression
 __all__ = ["_FusedGradients", "_gradient_views"]
 
 _GRAD = operator.attrgetter("grad")
+_UNSET = object()
 _SHAPE = operator.attrgetter("shape")
 _DATA_PTR = torch.Tensor.data_ptr
 
@@ -95,7 +97,7 @@ class _FusedGradients:
     __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_shapes",
                  "_dtype", "_names", "_limit", "_compression", "_as_grads",
                  "_data", "_views_wanted", "_view_data", "_loose", "_resparse", "_flags",
-                 "_shared_in")
+                 "_shared_in", "_native")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
                  compression: Any, views: bool) -> None:
@@ -155,6 +157,7 @@ class _FusedGradients:
                           and all(p.is_contiguous() for p in params))
         # Where each parameter's data was when its gradient was last checked.
         self._data: list[int] = []
+        self._native: Any = _UNSET
         # The parameters (by index) whose gradient the last step left other
         # than a view: none then (given zeros), or handed back sparse. zero_grad()
         # leaves them as torch does, and the next step takes them back.
@@ -183,6 +186,11 @@ class _FusedGradients:
         self._views = [v.view(shape) for v, shape in
                        zip(grads.split(numels), self._shapes, strict=True)]
         self._view_data = list(map(_DATA_PTR, self._views))
+        # The C++ checks of these views (see ``_checks``); what the last ones saw of
+        # the parameters' data holds for these (Python's ``_data`` stays as it is).
+        old, self._native = self._native, _UNSET
+        if old is not _UNSET and old is not None and old.same_data():
+            self._note_data()
 
     def active(self, runtime: Any) -> bool:
         """Whether a step of ``runtime`` goes as one allreduce: the optimizer
@@ -246,7 +254,7 @@ class _FusedGradients:
         Whether it is sparse may differ from rank to rank, and every rank must
         make the same call and get the same gradient."""
         self._resparse = {}
-        if self._as_grads and list(map(_DATA_PTR, self.params)) == self._data:
+        if self._as_grads and self._same_data():
             # (Parameters given new data, or converted since the last step, are
             # checked below: their gradients no longer fit.)
             if self._views_except(()):
@@ -254,7 +262,7 @@ class _FusedGradients:
                 return self._views, None  # the buffer holds them (see ``_copy_in``)
             if self._views_but_loose():
                 return self._views, None
-        if self._as_grads and list(map(_DATA_PTR, self._views)) != self._view_data:
+        if self._as_grads and not self._views_in_place():
             # A conversion (``Module._apply``: model.double(), .to(...)) gave the
             # views new storage and kept them as the gradients: new views, and
             # the gradients are copied in.
@@ -280,7 +288,7 @@ class _FusedGradients:
                            or _changed(name, "parameter", p, dtype, shape, device))
             grads.append(grad)
         if problem is None:
-            self._data = list(map(_DATA_PTR, self.params))
+            self._note_data()
             self._loose = unused
         self._resparse = resparse
         return grads, problem
@@ -327,8 +335,48 @@ class _FusedGradients:
         self._loose = still
         return True
 
+    def _checks(self) -> Any:
+        """The C++ checks of this buffer's views (:mod:`._native`), made on first
+        use; None where they are not built: the Python below does the same."""
+        if self._native is _UNSET:
+            module = hooks_module()
+            self._native = (None if module is None else
+                            module.FusedViews(self.params, self._views, self._shapes))
+        return self._native
+
+    def _same_data(self) -> bool:
+        """Whether every parameter's data is where ``_note_data`` saw it."""
+        checks = self._checks()
+        if checks is not None:
+            return bool(checks.same_data())
+        return list(map(_DATA_PTR, self.params)) == self._data
+
+    def _note_data(self) -> None:
+        checks = self._checks()
+        if checks is not None:
+            checks.note_data()
+        else:
+            self._data = list(map(_DATA_PTR, self.params))
+
+    def _same_shapes(self) -> bool:
+        """Whether every parameter has the shape it had when the buffer was sized."""
+        checks = self._checks()
+        if checks is not None:
+            return bool(checks.same_shapes())
+        return list(map(_SHAPE, self.params)) == self._shapes
+
+    def _views_in_place(self) -> bool:
+        """Whether every view's data is where it was made (see ``gradients``)."""
+        checks = self._checks()
+        if checks is not None:
+            return bool(checks.views_in_place())
+        return list(map(_DATA_PTR, self._views)) == self._view_data
+
     def _views_except(self, loose: Sequence[int]) -> bool:
         """Whether every gradient but those at ``loose`` is its view of the buffer."""
+        checks = self._checks()
+        if checks is not None:
+            return bool(checks.views_except(sorted(loose)))
         views = self._views
         if not loose:
             return all(map(operator.is_, map(_GRAD, self.params), views))
@@ -376,8 +424,7 @@ class _FusedGradients:
         if (flat is None or not self._as_grads or self.validated is None
                 or len(params) != sum(len(group["params"]) for group in groups)
                 or not self._views_except(loose)
-                or list(map(_DATA_PTR, params)) != self._data
-                or list(map(_SHAPE, params)) != self._shapes):
+                or not self._same_data() or not self._same_shapes()):
             return False
         flat.zero_()
         views = self._views

@@ -41,6 +41,8 @@ import torch
 
 from .. import _runtime
 from ..errors import GradientComputedAgainError
+from ._native import hooks_module
+from ._notes import NativeNotes, PyNotes
 from ._optimizer_step import _HANDED_OVER, HANDOVER_BYTES, _Slot
 
 __all__ = ["_GradientHooks", "_computed_again"]
@@ -90,7 +92,7 @@ class _GradientHooks:
     def __init__(self, opt: Any) -> None:
         self._opt = opt
         self._handles: list[Any] = []
-        self.noted: list[torch.Tensor] = []
+        self.noted: PyNotes | NativeNotes = PyNotes()
         self._sentinel: torch.Tensor | None = None  # None: handing over
         # Whether a step's first gradient was not the sentinel's: handing over for good.
         self._varies = False
@@ -102,20 +104,29 @@ class _GradientHooks:
 
     def arm(self, sentinel: torch.Tensor | None) -> None:
         """Noting hooks with ``sentinel`` first, or (None) handing-over hooks;
-        nothing changes when they are armed so already."""
+        nothing changes when they are armed so already.
+        The noting hooks are C++ where :mod:`._native` is built (the notes
+        then live there too), else each is the bound ``append`` of a list."""
         if self._handles and sentinel is self._sentinel:
             return
         for handle in self._handles:
             handle.remove()
         self._handles, self._sentinel = [], sentinel
         opt = self._opt
-        for p, slot in opt._slot.items():
-            if sentinel is None:
+        params = list(opt._slot)
+        module = hooks_module() if sentinel is not None else None
+        notes = NativeNotes(module, params) if module is not None else PyNotes()
+        notes.extend(self.noted)  # (notes of a step in progress carry over)
+        self.noted = notes
+        if sentinel is None:
+            for p, slot in opt._slot.items():
                 hook = (_single_hook(opt, slot) if opt._group_sizes[slot.group] == 1
                         else functools.partial(opt._on_grad, slot))
-            else:
-                hook = self._sentinel_hook() if p is sentinel else self.noted.append
-            self._handles.append(p.register_post_accumulate_grad_hook(hook))
+                self._handles.append(p.register_post_accumulate_grad_hook(hook))
+            return
+        first = next(i for i, p in enumerate(params) if p is sentinel)
+        self._handles.append(sentinel.register_post_accumulate_grad_hook(self._sentinel_hook()))
+        self._handles += notes.hook(params, first)
 
     def after_step(self, first: torch.Tensor | None) -> None:
         """After a step that succeeded, whose first gradient was ``first``
@@ -150,9 +161,9 @@ class _GradientHooks:
         def hook(p: torch.Tensor) -> None:
             if opt._step_runtime is None or opt._step_runtime is not _runtime._runtime:
                 opt._begin_step()  # raises NotInitializedError outside a world
-            if noted and any(q is p for q in noted):
+            if noted and noted.has(p):
                 # The pass stops here; what came before the sentinel counts once.
-                noted[:] = {id(q): q for q in noted}.values()
+                noted.dedupe()
                 raise GradientComputedAgainError(
                     _computed_again(opt._names[p], opt.backward_passes_per_step))
             noted.append(p)
@@ -184,16 +195,13 @@ class _GradientHooks:
         backward pass that did not reach the sentinel), after forgetting the
         step: nothing of a noting step is in flight yet."""
         noted = self.noted
-        if len(set(map(id, noted))) == len(noted):
-            return
-        seen: set[int] = set()
-        for p in noted:
-            if id(p) in seen:
-                opt = self._opt
-                opt._reset_step()
-                raise GradientComputedAgainError(
-                    _computed_again(opt._names[p], opt.backward_passes_per_step))
-            seen.add(id(p))
+        noted.refresh()  # (C++ hooks: a parameter given new data is hooked again)
+        p = noted.noted_twice()
+        if p is not None:
+            opt = self._opt
+            opt._reset_step()
+            raise GradientComputedAgainError(
+                _computed_again(opt._names[p], opt.backward_passes_per_step))
 
     def hand_over(self) -> None:
         """Hands the noted gradients to the optimizer as handing-over hooks

@@ -437,8 +437,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                 "cause a race condition: the gradients are still being allreduced")
-        if self._fused is not None and self._fused.zero_in_place(self.param_groups,
-                                                                 set_to_none):
+        self._hooks.noted.refresh()  # (before the forward pass that follows, usually)
+        if self._fused is not None and self._fused.zero_in_place(self.param_groups, set_to_none):
             return None  # every gradient is a view of its buffer: zeroed in one call
         return super(self.__class__, self).zero_grad(set_to_none)
 
