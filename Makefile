@@ -79,8 +79,9 @@ clean:
 # Installs hora when the venv lacks it, but never reinstalls just because
 # pyproject.toml changed: a benchmark should not touch the environment it times.
 .PHONY: bench
-bench: native
+bench:
 	@test -f $(STAMP) || $(MAKE) install
+	@$(PY) -c 'import hora.torch._native as n; n.prebuild()'
 	@$(PY) -c "import lightning, tensorflow, tf_keras" 2>/dev/null \
 	  || $(PIP) install -q -e ".[lightning,tensorflow]" \
 	  "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"

@@ -7,6 +7,8 @@ Each is built on first use into a folder keyed by a hash of the source and of
 what it is compiled against. Several ranks start at once on one machine: a
 file lock lets one of them compile while the others wait, and the library
 appears under its final name in one rename, so that no rank loads half a file.
+A compilation that failed leaves its error in the folder, and is not tried
+again by every rank of every job.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def build_once(kind: str, source: Path, output_name: str, key: Sequence[bytes],
     digest = hashlib.sha256(b"\0".join([text, *key])).hexdigest()[:16]
     folder = _cache_root() / kind / digest
     target = folder / output_name
+    failed = folder / "build.failed"  # a compilation that failed is not tried again
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
@@ -70,6 +73,8 @@ def build_once(kind: str, source: Path, output_name: str, key: Sequence[bytes],
         fcntl.flock(lock, fcntl.LOCK_EX)  # another rank may be compiling it right now
         if target.exists():
             return target
+        if failed.exists():
+            raise BuildError(f"{failed.read_text()}\n(delete {folder} to try again)")
         with tempfile.TemporaryDirectory(dir=folder) as work:
             staged = Path(work) / source.name
             staged.write_bytes(text)
@@ -81,6 +86,8 @@ def build_once(kind: str, source: Path, output_name: str, key: Sequence[bytes],
                 raise BuildError(f"compiling {source.name} took over {COMPILE_TIMEOUT_S} s"
                                  ) from exc
             if proc.returncode != 0 or not built.exists():
-                raise BuildError(f"compiling {source.name} failed:\n{proc.stderr[-4000:]}")
+                message = f"compiling {source.name} failed:\n{proc.stderr[-4000:]}"
+                failed.write_text(message)
+                raise BuildError(message)
             os.replace(built, target)
     return target

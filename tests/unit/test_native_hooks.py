@@ -4,7 +4,10 @@ buffer's views as Python's checks do, through a parameter's new data too."""
 
 from __future__ import annotations
 
+import gc
 import shutil
+import sysconfig
+import weakref
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import tomllib
 import torch
 import torch.nn as nn
 
+from hora.torch import _native
 from hora.torch._native import hooks_module
 from hora.torch._notes import NativeNotes, PyNotes
 
@@ -22,9 +26,11 @@ pytestmark = pytest.mark.unit
 def native():
     module = hooks_module()
     if module is None:
-        if shutil.which("g++") or shutil.which("c++"):
-            pytest.fail("a C++ compiler is installed but the hooks did not build")
-        pytest.skip("no C++ compiler: the optimizer uses its Python hooks")
+        headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+        if (shutil.which("g++") or shutil.which("c++")) and headers.exists():
+            pytest.fail(f"a C++ compiler and Python's headers are here but the hooks did not "
+                        f"build: {_native._failed}")
+        pytest.skip(f"the optimizer uses its Python hooks here: {_native._failed}")
     return module
 
 
@@ -116,7 +122,8 @@ def test_fused_views_checks_match_what_python_checks(native):
              zip(flat.split([p.numel() for p in params]), params, strict=True)]
     for p, v in zip(params, views, strict=True):
         p.grad = v
-    checks = native.FusedViews(params, views, [p.shape for p in params])
+    checks = native.FusedViews(params, views, [p.shape for p in params],
+                               [v.data_ptr() for v in views])
     assert checks.views_except([]) and checks.views_in_place() and checks.same_shapes()
     assert not checks.same_data()  # nothing noted yet
     checks.note_data()
@@ -138,3 +145,18 @@ def test_the_source_ships_in_the_package():
     pyproject = tomllib.loads((root / "pyproject.toml").read_text())
     assert "hora_torch_hooks.cpp" in pyproject["tool"]["setuptools"]["package-data"]["hora.torch"]
     assert (root / "client_sdk/hora/torch/hora_torch_hooks.cpp").exists()
+
+
+def test_what_the_cpp_side_holds_does_not_keep_a_model_alive(native):
+    model = _model()
+    params = list(model.parameters())
+    views = [torch.zeros_like(p) for p in params]
+    checks = native.FusedViews(params, views, [p.shape for p in params],
+                               [v.data_ptr() for v in views])
+    notes = NativeNotes(native, params)
+    notes.hook(params, skip=0)
+    gone = weakref.ref(params[1])
+    del model, params, notes
+    gc.collect()
+    assert gone() is None
+    assert not checks.same_shapes()  # a parameter that is gone fails every check

@@ -340,8 +340,8 @@ class _FusedGradients:
         use; None where they are not built: the Python below does the same."""
         if self._native is _UNSET:
             module = hooks_module()
-            self._native = (None if module is None else
-                            module.FusedViews(self.params, self._views, self._shapes))
+            self._native = (None if module is None else module.FusedViews(
+                self.params, self._views, self._shapes, self._view_data))
         return self._native
 
     def _same_data(self) -> bool:

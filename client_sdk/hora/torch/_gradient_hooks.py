@@ -34,6 +34,7 @@ succeeded.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -156,9 +157,16 @@ class _GradientHooks:
         self._handles, self._sentinel = [], None
 
     def _sentinel_hook(self) -> Callable[[torch.Tensor], None]:
-        opt, noted = self._opt, self.noted
+        # Weakly: the C++ notes hold the gradient accumulators, which hold the
+        # parameters, which hold this hook; a strong reference back to the notes
+        # would be a cycle through C++ that Python's collector cannot free.
+        ref = weakref.ref(self._opt)
 
         def hook(p: torch.Tensor) -> None:
+            opt = ref()
+            if opt is None:
+                return  # (the optimizer is gone; the model lives on)
+            noted = opt._hooks.noted
             if opt._step_runtime is None or opt._step_runtime is not _runtime._runtime:
                 opt._begin_step()  # raises NotInitializedError outside a world
             if noted and noted.has(p):

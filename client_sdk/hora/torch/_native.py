@@ -65,8 +65,12 @@ def build() -> ModuleType:
         OSError: the cache cannot be written.
         ImportError: the library does not load.
     """
-    key = [torch.__version__.encode(), str(torch._C._GLIBCXX_USE_CXX11_ABI).encode(),
-           sysconfig.get_paths()["include"].encode()]
+    headers = Path(sysconfig.get_paths()["include"])
+    if not (headers / "Python.h").exists():
+        raise BuildError(f"hora's gradient hooks need Python's C headers, not found in "
+                         f"{headers} (Debian: python3-dev)")
+    # (The command names the compiler, the flags, torch's and Python's folders.)
+    key = [torch.__version__.encode(), " ".join(_command(SOURCE, Path(_NAME))).encode()]
     path = build_once("torch_hooks", SOURCE, f"{_NAME}.so", key, _command)
     loader = importlib.machinery.ExtensionFileLoader(_NAME, str(path))
     spec = importlib.util.spec_from_file_location(_NAME, path, loader=loader)

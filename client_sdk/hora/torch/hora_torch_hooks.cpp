@@ -16,12 +16,26 @@
 
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace {
 
-using torch::autograd::Node;
 using torch::autograd::variable_list;
+// c10::intrusive_ptr<Node> in recent torch, std::shared_ptr<Node> before.
+using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<at::Tensor>()));
+// A tensor held weakly: a parameter held from C++ is one Python's garbage
+// collector no longer frees (torch counts it as owned by C++), and the
+// optimizer's hooks on it lead back here.
+using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+WeakTensor weak(const at::Tensor& t) { return WeakTensor(t.getIntrusivePtr()); }
+
+// The tensor, or an undefined one when it is gone.
+at::Tensor lock(const WeakTensor& w) {
+  auto strong = w.lock();
+  return strong ? at::Tensor(std::move(strong)) : at::Tensor();
+}
 
 class Notes {
  public:
@@ -98,14 +112,17 @@ class NoteHook : public torch::autograd::FunctionPostHook {
 
 // A hook on each given parameter's gradient accumulator. The accumulators are
 // held: one nobody holds is freed after each backward pass, and the next pass
-// would make a new one without the hook.
+// would make a new one without the hook. (An accumulator holds its parameter:
+// the optimizer's Python hooks must not lead back to this object, see
+// _gradient_hooks.py.) A parameter that needs no gradient has no accumulator,
+// and is hooked once it has one.
 class NotingHooks {
  public:
   NotingHooks(std::shared_ptr<Notes> notes, const std::vector<at::Tensor>& params,
               const std::vector<int64_t>& indices)
       : notes_(std::move(notes)) {
     for (auto i : indices) {
-      params_.push_back(params.at(i));
+      params_.push_back(weak(params.at(i)));
       indices_.push_back(i);
       accumulators_.emplace_back();
       keys_.push_back(0);
@@ -122,12 +139,17 @@ class NotingHooks {
   bool refresh() {
     bool changed = false;
     for (size_t k = 0; k < params_.size(); ++k) {
-      const auto& p = params_[k];
+      const auto p = lock(params_[k]);
       const auto& held = accumulators_[k];
-      const auto& meta = held->input_metadata(0);
-      if (torch::autograd::impl::try_get_grad_accumulator(p) == held &&
-          meta.is_same_shape(p) && meta.options().dtype() == p.dtype() &&
-          meta.device() == p.device()) {
+      if (!p.defined()) continue;
+      if (held) {
+        const auto& meta = held->input_metadata(0);
+        if (torch::autograd::impl::try_get_grad_accumulator(p) == held &&
+            meta.is_same_shape(p) && meta.options().dtype() == p.dtype() &&
+            meta.device() == p.device()) {
+          continue;
+        }
+      } else if (!p.requires_grad()) {
         continue;
       }
       detach(k);
@@ -146,8 +168,10 @@ class NotingHooks {
 
  private:
   void attach(size_t k) {
-    auto accumulator = torch::autograd::impl::grad_accumulator(params_[k]);
-    TORCH_CHECK(accumulator, "parameter ", indices_[k], " has no gradient accumulator");
+    const auto p = lock(params_[k]);
+    if (!p.defined() || !p.requires_grad()) return;
+    auto accumulator = torch::autograd::impl::grad_accumulator(p);
+    if (!accumulator) return;
     keys_[k] = accumulator->add_post_hook(std::make_unique<NoteHook>(notes_, indices_[k]));
     accumulators_[k] = std::move(accumulator);
   }
@@ -157,28 +181,36 @@ class NotingHooks {
   }
 
   std::shared_ptr<Notes> notes_;
-  std::vector<at::Tensor> params_;
+  std::vector<WeakTensor> params_;
   std::vector<int64_t> indices_;
-  std::vector<c10::intrusive_ptr<Node>> accumulators_;
+  std::vector<NodePtr> accumulators_;
   std::vector<uintptr_t> keys_;
 };
 
+// The parameters and views are held weakly (see WeakTensor); one that is gone
+// fails every check.
 class FusedViews {
  public:
-  // ``shapes``: the parameters' shapes when the buffer was sized.
-  FusedViews(std::vector<at::Tensor> params, std::vector<at::Tensor> views,
-             std::vector<std::vector<int64_t>> shapes)
-      : params_(std::move(params)), views_(std::move(views)), data_(params_.size(), nullptr),
-        shapes_(std::move(shapes)) {
-    TORCH_CHECK(params_.size() == views_.size() && params_.size() == shapes_.size(),
-                "one view and one shape per parameter");
-    for (const auto& v : views_) view_data_.push_back(v.data_ptr());
+  // ``shapes``: the parameters' shapes when the buffer was sized; ``view_data``:
+  // where each view's data was when the views were made.
+  FusedViews(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& views,
+             std::vector<std::vector<int64_t>> shapes, std::vector<int64_t> view_data)
+      : data_(params.size(), nullptr), shapes_(std::move(shapes)) {
+    TORCH_CHECK(params.size() == views.size() && params.size() == shapes_.size() &&
+                    params.size() == view_data.size(),
+                "one view, shape and address per parameter");
+    for (size_t i = 0; i < params.size(); ++i) {
+      params_.push_back(weak(params[i]));
+      views_.push_back(weak(views[i]));
+      view_data_.push_back(reinterpret_cast<const void*>(view_data[i]));
+    }
   }
   // Whether each view's data is where it was made (a conversion of the model,
   // ``Module._apply``, gives the gradients new storage and keeps them).
   bool views_in_place() const {
     for (size_t i = 0; i < views_.size(); ++i) {
-      if (views_[i].data_ptr() != view_data_[i]) return false;
+      const auto v = lock(views_[i]);
+      if (!v.defined() || v.data_ptr() != view_data_[i]) return false;
     }
     return true;
   }
@@ -190,36 +222,41 @@ class FusedViews {
         ++next;
         continue;
       }
-      const auto& grad = params_[i].grad();
-      if (!grad.defined() || grad.unsafeGetTensorImpl() != views_[i].unsafeGetTensorImpl()) {
-        return false;
-      }
+      const auto p = lock(params_[i]);
+      if (!p.defined()) return false;
+      const auto& grad = p.grad();
+      if (!grad.defined() || grad.unsafeGetTensorImpl() != views_[i]._unsafe_get_target()) return false;
     }
     return true;
   }
   // Remembers where each parameter's data is now.
   void note_data() {
-    for (size_t i = 0; i < params_.size(); ++i) data_[i] = params_[i].data_ptr();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto p = lock(params_[i]);
+      data_[i] = p.defined() ? p.data_ptr() : nullptr;
+    }
     noted_ = true;
   }
   // Whether each parameter's data is where note_data() saw it (false before it).
   bool same_data() const {
     if (!noted_) return false;
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].data_ptr() != data_[i]) return false;
+      const auto p = lock(params_[i]);
+      if (!p.defined() || p.data_ptr() != data_[i]) return false;
     }
     return true;
   }
-  // Whether each parameter has the shape it had when this was made.
+  // Whether each parameter has the shape it had when the buffer was sized.
   bool same_shapes() const {
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].sizes() != c10::IntArrayRef(shapes_[i])) return false;
+      const auto p = lock(params_[i]);
+      if (!p.defined() || p.sizes() != c10::IntArrayRef(shapes_[i])) return false;
     }
     return true;
   }
 
  private:
-  std::vector<at::Tensor> params_, views_;
+  std::vector<WeakTensor> params_, views_;
   std::vector<const void*> data_, view_data_;
   std::vector<std::vector<int64_t>> shapes_;
   bool noted_ = false;
@@ -244,8 +281,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("refresh", &NotingHooks::refresh)
       .def("remove", &NotingHooks::remove);
   pybind11::class_<FusedViews>(m, "FusedViews")
-      .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>,
-                          std::vector<std::vector<int64_t>>>())
+      .def(pybind11::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                          std::vector<std::vector<int64_t>>, std::vector<int64_t>>())
       .def("views_except", &FusedViews::views_except)
       .def("views_in_place", &FusedViews::views_in_place)
       .def("note_data", &FusedViews::note_data)
