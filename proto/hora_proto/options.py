@@ -238,7 +238,7 @@ OPTIONS: tuple[Option, ...] = (
        "its buffer, zeroed in place by zero_grad() (0: copy them in and out every step, "
        "and zero_grad() sets them to None, as torch does)"),
     # Section 2c of bench/README.md: 400 gradient hooks and the buffer's checks
-    # cost 0.7-1.2 ms a step in Python, about 0.05 in C++.
+    # cost 0.45-2.1 ms a step in Python, nothing measurable in C++.
     _o("native_hooks", "bool", True, ("HORA_NATIVE_HOOKS",),
        "a DistributedOptimizer whose gradients go as one allreduce notes them and checks "
        "its buffer in C++, compiled on first use into ~/.cache/hora/torch_hooks when a C++ "
