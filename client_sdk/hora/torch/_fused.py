@@ -52,7 +52,6 @@ training began, costs that one step).
 from __future__ import annotations
 
 import functools
-import operator
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -66,15 +65,14 @@ from ..settings import Settings
 from ..world import ProcessSet, check_process_set
 from ._collectives import _allreduce_entry
 from ._native import hooks_module
+from ._notes import PyFusedViews
 from ._submission import _enqueue
 from ._validation import _reduction_problem
 from .compression import Compression
 
 __all__ = ["_FusedGradients", "_gradient_views"]
 
-_GRAD = operator.attrgetter("grad")
 _UNSET = object()
-_SHAPE = operator.attrgetter("shape")
 _DATA_PTR = torch.Tensor.data_ptr
 
 
@@ -96,8 +94,8 @@ class _FusedGradients:
 
     __slots__ = ("params", "name", "validated", "flat", "no_contexts", "_views", "_shapes",
                  "_dtype", "_names", "_limit", "_compression", "_as_grads",
-                 "_data", "_views_wanted", "_view_data", "_loose", "_resparse", "_flags",
-                 "_shared_in", "_native")
+                 "_views_wanted", "_view_data", "_loose", "_resparse", "_flags",
+                 "_shared_in", "_checked")
 
     def __init__(self, params: list[torch.Tensor], names: list[str], limit_bytes: int,
                  compression: Any, views: bool) -> None:
@@ -155,9 +153,9 @@ class _FusedGradients:
         # weight) wants a gradient with its own strides (torch's layout contract).
         self._as_grads = (self._views_wanted and wire == first.dtype
                           and all(p.is_contiguous() for p in params))
-        # Where each parameter's data was when its gradient was last checked.
-        self._data: list[int] = []
-        self._native: Any = _UNSET
+        # The checks of the views and of where each parameter's data was when its
+        # gradient was last checked (see ``_checks``).
+        self._checked: Any = _UNSET
         # The parameters (by index) whose gradient the last step left other
         # than a view: none then (given zeros), or handed back sparse. zero_grad()
         # leaves them as torch does, and the next step takes them back.
@@ -186,11 +184,11 @@ class _FusedGradients:
         self._views = [v.view(shape) for v, shape in
                        zip(grads.split(numels), self._shapes, strict=True)]
         self._view_data = list(map(_DATA_PTR, self._views))
-        # The C++ checks of these views (see ``_checks``); what the last ones saw of
-        # the parameters' data holds for these (Python's ``_data`` stays as it is).
-        old, self._native = self._native, _UNSET
-        if old is not _UNSET and old is not None and old.same_data():
-            self._note_data()
+        # New checks for these views; what the last ones saw of the parameters'
+        # data holds for them.
+        old, self._checked = self._checked, _UNSET
+        if old is not _UNSET and old.same_data():
+            self._checks().note_data()
 
     def active(self, runtime: Any) -> bool:
         """Whether a step of ``runtime`` goes as one allreduce: the optimizer
@@ -254,7 +252,7 @@ class _FusedGradients:
         Whether it is sparse may differ from rank to rank, and every rank must
         make the same call and get the same gradient."""
         self._resparse = {}
-        if self._as_grads and self._same_data():
+        if self._as_grads and self._checks().same_data():
             # (Parameters given new data, or converted since the last step, are
             # checked below: their gradients no longer fit.)
             if self._views_except(()):
@@ -262,7 +260,7 @@ class _FusedGradients:
                 return self._views, None  # the buffer holds them (see ``_copy_in``)
             if self._views_but_loose():
                 return self._views, None
-        if self._as_grads and not self._views_in_place():
+        if self._as_grads and not self._checks().views_in_place():
             # A conversion (``Module._apply``: model.double(), .to(...)) gave the
             # views new storage and kept them as the gradients: new views, and
             # the gradients are copied in.
@@ -288,7 +286,7 @@ class _FusedGradients:
                            or _changed(name, "parameter", p, dtype, shape, device))
             grads.append(grad)
         if problem is None:
-            self._note_data()
+            self._checks().note_data()
             self._loose = unused
         self._resparse = resparse
         return grads, problem
@@ -336,54 +334,17 @@ class _FusedGradients:
         return True
 
     def _checks(self) -> Any:
-        """The C++ checks of this buffer's views (:mod:`._native`), made on first
-        use; None where they are not built: the Python below does the same."""
-        if self._native is _UNSET:
+        """The checks of this buffer's views, made on first use: in C++
+        (:mod:`._native`) where it is built, else their Python twin."""
+        if self._checked is _UNSET:
             module = hooks_module()
-            self._native = (None if module is None else module.FusedViews(
-                self.params, self._views, self._shapes, self._view_data))
-        return self._native
-
-    def _same_data(self) -> bool:
-        """Whether every parameter's data is where ``_note_data`` saw it."""
-        checks = self._checks()
-        if checks is not None:
-            return bool(checks.same_data())
-        return list(map(_DATA_PTR, self.params)) == self._data
-
-    def _note_data(self) -> None:
-        checks = self._checks()
-        if checks is not None:
-            checks.note_data()
-        else:
-            self._data = list(map(_DATA_PTR, self.params))
-
-    def _same_shapes(self) -> bool:
-        """Whether every parameter has the shape it had when the buffer was sized."""
-        checks = self._checks()
-        if checks is not None:
-            return bool(checks.same_shapes())
-        return list(map(_SHAPE, self.params)) == self._shapes
-
-    def _views_in_place(self) -> bool:
-        """Whether every view's data is where it was made (see ``gradients``)."""
-        checks = self._checks()
-        if checks is not None:
-            return bool(checks.views_in_place())
-        return list(map(_DATA_PTR, self._views)) == self._view_data
+            kind = PyFusedViews if module is None else module.FusedViews
+            self._checked = kind(self.params, self._views, self._shapes, self._view_data)
+        return self._checked
 
     def _views_except(self, loose: Sequence[int]) -> bool:
         """Whether every gradient but those at ``loose`` is its view of the buffer."""
-        checks = self._checks()
-        if checks is not None:
-            return bool(checks.views_except(sorted(loose)))
-        views = self._views
-        if not loose:
-            return all(map(operator.is_, map(_GRAD, self.params), views))
-        grads = list(map(_GRAD, self.params))
-        for i in loose:
-            grads[i] = views[i]
-        return all(map(operator.is_, grads, views))
+        return bool(self._checks().views_except(sorted(loose)))
 
     def _copy_in(self, grads: list[torch.Tensor]) -> None:
         """Copies each gradient into its view of the flat buffer, unless it is
@@ -424,7 +385,7 @@ class _FusedGradients:
         if (flat is None or not self._as_grads or self.validated is None
                 or len(params) != sum(len(group["params"]) for group in groups)
                 or not self._views_except(loose)
-                or not self._same_data() or not self._same_shapes()):
+                or not self._checks().same_data() or not self._checks().same_shapes()):
             return False
         flat.zero_()
         views = self._views

@@ -1,6 +1,8 @@
-"""What a DistributedOptimizer's noting hooks noted in a step (:mod:`._gradient_hooks`).
+"""What a DistributedOptimizer's noting hooks noted in a step (:mod:`._gradient_hooks`),
+and the checks of its fused buffer's views (:mod:`._fused`): in Python here, in C++
+in ``hora_torch_hooks.cpp`` (:mod:`._native`), behaving the same.
 
-Two kinds that behave the same: a Python list whose bound ``append`` is each
+Notes come in two kinds: a Python list whose bound ``append`` is each
 parameter's hook (autograd calls into the interpreter once per gradient), and
 notes kept in C++ by hooks on the parameters' gradient accumulators
 (:mod:`._native`), which never enter Python during backward. Either way the
@@ -9,13 +11,18 @@ sentinel's hook, in Python, notes its parameter first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import operator
+from collections.abc import Iterable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
 import torch
 
-__all__ = ["NativeNotes", "PyNotes"]
+__all__ = ["NativeNotes", "PyFusedViews", "PyNotes"]
+
+_GRAD = operator.attrgetter("grad")
+_SHAPE = operator.attrgetter("shape")
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 class PyNotes(list):
@@ -100,3 +107,37 @@ class NativeNotes:
         device since they were hooked (see ``NotingHooks::refresh``)."""
         if self._hooks is not None:
             self._hooks.refresh()
+
+
+class PyFusedViews:
+    """``FusedViews`` of ``hora_torch_hooks.cpp``, in Python: whether the
+    parameters' gradients are still their views of the fused buffer, and their
+    data and shapes as they were (one pass over the parameters each)."""
+
+    def __init__(self, params: list[torch.Tensor], views: list[torch.Tensor],
+                 shapes: list[torch.Size], view_data: list[int]) -> None:
+        self._params, self._views = params, views
+        self._shapes, self._view_data = shapes, view_data
+        self._data: list[int] | None = None  # (none noted yet)
+
+    def views_except(self, loose: Sequence[int]) -> bool:
+        """Whether every gradient but those at ``loose`` is its view."""
+        views = self._views
+        if not loose:
+            return all(map(operator.is_, map(_GRAD, self._params), views))
+        grads = list(map(_GRAD, self._params))
+        for i in loose:
+            grads[i] = views[i]
+        return all(map(operator.is_, grads, views))
+
+    def note_data(self) -> None:
+        self._data = list(map(_DATA_PTR, self._params))
+
+    def same_data(self) -> bool:
+        return list(map(_DATA_PTR, self._params)) == self._data
+
+    def same_shapes(self) -> bool:
+        return list(map(_SHAPE, self._params)) == self._shapes
+
+    def views_in_place(self) -> bool:
+        return list(map(_DATA_PTR, self._views)) == self._view_data
